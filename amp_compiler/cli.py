@@ -1,0 +1,162 @@
+"""``amp-compile``: the command-line entry point of the ONNX path."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from cost_model import DEVICES
+
+from .errors import ConversionError
+
+EXAMPLES = """\
+examples:
+  amp-compile bert.onnx -o bert.fp16.onnx
+      convert for the default target (H100), graph inputs/outputs stay FP32
+  amp-compile bert.onnx -o bert.fp16.onnx --report bert.html --validate
+      also write an HTML report and check the outputs against FP32 on ONNX Runtime
+  amp-compile resnet.onnx --dry-run --report plan.json --target a100
+      plan for an A100 and write the JSON report only; no model is written
+  amp-compile gpt2.onnx -o gpt2.mp.onnx --deny Softmax --deny-node /lm_head/MatMul
+      keep every Softmax and one named node in FP32
+  amp-compile model.onnx -o model.mp.onnx --dim batch=32 --dim sequence=512
+      give symbolic dims the sizes the cost model should plan for
+
+exit status: 0 converted (and validated, with --validate); 1 validation error above
+--tolerance; 2 bad input or options (one line on stderr names the file, op and reason).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="amp-compile",
+        description="Rewrite an FP32 ONNX model into a mixed-precision one: tensor-core work in FP16/BF16, "
+                    "numerically sensitive ops in FP32, casts placed where a cost model says they are cheapest.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="the FP32 .onnx file to convert (never modified)")
+    p.add_argument("-o", "--output", help="where to write the converted model (required unless --dry-run)")
+    p.add_argument("--target", default="h100", type=str.lower, choices=sorted(DEVICES),
+                   help="device the cost model plans for (default: h100)")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="low-precision dtype (default: fp16)")
+    io = p.add_mutually_exclusive_group()
+    io.add_argument("--keep-io-types", dest="keep_io_types", action="store_true", default=True,
+                    help="graph inputs and outputs keep their dtypes (default)")
+    io.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
+                    help="let graph inputs/outputs take the low dtype where their ops run in it")
+    p.add_argument("--allow", action="append", default=[], metavar="OP",
+                   help="treat op type OP as a tensor-core (allow) op; repeatable. e.g. --allow Einsum")
+    p.add_argument("--deny", action="append", default=[], metavar="OP",
+                   help="keep every op of type OP in FP32; repeatable. e.g. --deny Softmax")
+    p.add_argument("--deny-node", action="append", default=[], metavar="NAME",
+                   help="keep the node named NAME in FP32; repeatable")
+    p.add_argument("--planner", default="optimal", choices=["optimal", "greedy"],
+                   help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
+    p.add_argument("--default-dim", type=int, default=8, metavar="N",
+                   help="size assumed for symbolic dims not given by --dim (default: 8)")
+    p.add_argument("--report", action="append", default=[], metavar="FILE",
+                   help="write the per-op report; format from the suffix: .json, .html, .txt (repeatable)")
+    p.add_argument("--validate", action="store_true",
+                   help="run the FP32 and the converted model on ONNX Runtime and print per-output errors")
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for --validate (default: seeded random inputs)")
+    p.add_argument("--tolerance", type=float, default=1e-2,
+                   help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
+    p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument("--debug", action="store_true", help="show the Python traceback on errors")
+    return p
+
+
+class _Progress:
+    """One line per stage on stderr with the time since start."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet, self.start = quiet, time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.start:7.2f}s] {stage}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConversionError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"amp-compile: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"amp-compile: error: {args.input}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .onnx_api import convert_onnx
+    from .onnx_io.files import check_output_path, load_model, save_model
+
+    if not args.output and not args.dry_run:
+        raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
+    out = check_output_path(args.output, [args.input]) if args.output and not args.dry_run else None
+    for report_path in args.report:
+        check_output_path(report_path, [args.input])
+        if Path(report_path).suffix.lower() not in (".json", ".html", ".htm", ".txt"):
+            raise ConversionError(report_path, "", "report format unknown: use a .json, .html or .txt suffix")
+    progress = _Progress(args.quiet)
+    progress("load")
+    original = load_model(args.input)
+    dims = _parse_dims(args.dim)
+    converted, report = convert_onnx(original, target=args.target, dtype=args.dtype,
+                                     keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
+                                     deny_nodes=args.deny_node, planner=args.planner,
+                                     default_dim=args.default_dim, progress=progress, dim_values=dims,
+                                     source=args.input)
+    status = 0
+    if args.validate:
+        progress("validate on ONNX Runtime")
+        status = _validate(args, original, converted, report)
+    if out is not None:
+        progress(f"write {out}")
+        save_model(converted, out)
+    for report_path in args.report:
+        report.save(report_path)
+    if not args.quiet:
+        print(report.to_text(max_rows=40))
+    return status
+
+
+def _validate(args, original, converted, report) -> int:
+    from .validate import load_inputs, random_inputs, validate
+
+    feeds = load_inputs(args.inputs) if args.inputs else random_inputs(original)
+    result = validate(original, converted, feeds, args.tolerance)
+    report.data["validation"] = result
+    for row in result["outputs"]:
+        print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
+              f"max rel error {row['max_rel_error']:.3g}", file=sys.stderr)
+    if not result["passed"]:
+        print(f"amp-compile: validation failed: max rel error {result['max_rel_error']:.3g} > "
+              f"tolerance {args.tolerance}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _parse_dims(items: list[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not value.isdigit() or int(value) < 1:
+            raise ConversionError("", f"--dim {item}", "expected NAME=SIZE with a positive integer size")
+        dims[name] = int(value)
+    return dims
+
+
+if __name__ == "__main__":
+    sys.exit(main())

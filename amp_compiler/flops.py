@@ -1,0 +1,152 @@
+"""FLOP formulas named by the registry's ``flops`` column, and GEMM dimensions for alignment.
+
+Each formula takes the op and the graph and returns floating-point operations for
+one execution; shapes with symbolic dims use ``graph.default_dim()``. Bytes moved are
+computed by the cost pass from the op's tensors in the dtype being costed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .ir import Op, PrecisionGraph
+
+
+def _shape(graph: PrecisionGraph, name: str) -> list[int] | None:
+    return graph.concrete_shape(name) if name else None
+
+
+def _numel(graph: PrecisionGraph, name: str) -> int:
+    return graph.numel(name) if name else 0
+
+
+def _out_numel(op: Op, graph: PrecisionGraph) -> int:
+    return max((_numel(graph, o) for o in op.outputs if o), default=0)
+
+
+def gemm_dims(op: Op, graph: PrecisionGraph) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a matmul/gemm op, or None when shapes are unknown."""
+    a, b = (_shape(graph, op.inputs[0]), _shape(graph, op.inputs[1])) if len(op.inputs) >= 2 else (None, None)
+    if not a or not b:
+        return None
+    if op.canonical == "gemm" and len(a) == 2 and len(b) == 2:
+        m, k = (a[1], a[0]) if op.attrs.get("transA") else (a[0], a[1])
+        n = b[0] if op.attrs.get("transB") else b[1]
+        return 1, m, n, k
+    if len(a) == 1:
+        a = [1, a[0]]
+    if len(b) == 1:
+        b = [b[0], 1]
+    out = _shape(graph, op.outputs[0]) or []
+    batch = math.prod(out[:-2]) if len(out) > 2 else 1
+    return batch, a[-2], b[-1], a[-1]
+
+
+def _matmul(op: Op, graph: PrecisionGraph) -> float:
+    dims = gemm_dims(op, graph)
+    if dims is None:
+        return 2.0 * _out_numel(op, graph)
+    batch, m, n, k = dims
+    return 2.0 * batch * m * n * k
+
+
+def _gemm(op: Op, graph: PrecisionGraph) -> float:
+    return _matmul(op, graph) + _out_numel(op, graph)
+
+
+def _conv(op: Op, graph: PrecisionGraph) -> float:
+    w = _shape(graph, op.inputs[1]) if len(op.inputs) > 1 else None
+    if not w:
+        return 2.0 * _out_numel(op, graph)
+    # weight [Cout, Cin/group, k...]: each output element needs Cin/group * prod(k) MACs
+    return 2.0 * _out_numel(op, graph) * math.prod(w[1:])
+
+
+def _conv_transpose(op: Op, graph: PrecisionGraph) -> float:
+    w = _shape(graph, op.inputs[1]) if len(op.inputs) > 1 else None
+    if not w:
+        return 2.0 * _out_numel(op, graph)
+    # weight [Cin, Cout/group, k...]: each input element scatters into Cout/group * prod(k) outputs
+    return 2.0 * _numel(graph, op.inputs[0]) * math.prod(w[1:])
+
+
+def _attention(op: Op, graph: PrecisionGraph) -> float:
+    q = _shape(graph, op.inputs[0])
+    if not q:
+        return 2.0 * _out_numel(op, graph)
+    if len(q) == 4:  # [B, H, S, D]
+        b, h, s, d = q
+        return 4.0 * b * h * s * s * d
+    b, s, hidden = (q + [1, 1, 1])[:3]
+    return 4.0 * b * s * s * hidden + (2.0 * b * s * hidden * 3 * hidden if len(op.inputs) > 1 else 0.0)
+
+
+def _einsum(op: Op, graph: PrecisionGraph) -> float:
+    # Upper bound without parsing the equation: product of all distinct input sizes' sqrt.
+    sizes = [_numel(graph, i) for i in op.inputs if i]
+    if len(sizes) < 2:
+        return float(_out_numel(op, graph))
+    return 2.0 * math.sqrt(float(sizes[0]) * sizes[1] * max(_out_numel(op, graph), 1))
+
+
+def _rnn(op: Op, graph: PrecisionGraph) -> float:
+    x, w = _shape(graph, op.inputs[0]), _shape(graph, op.inputs[1]) if len(op.inputs) > 1 else None
+    if not x or not w:
+        return 2.0 * _out_numel(op, graph)
+    seq, batch = x[0], x[1]
+    return 2.0 * seq * batch * math.prod(w) * 2  # input and recurrent GEMMs
+
+
+def _elementwise(op: Op, graph: PrecisionGraph) -> float:
+    return float(_out_numel(op, graph))
+
+
+def _input_sized(op: Op, graph: PrecisionGraph) -> float:
+    return float(_numel(graph, op.inputs[0])) if op.inputs and op.inputs[0] else 0.0
+
+
+def _none(op: Op, graph: PrecisionGraph) -> float:
+    return 0.0
+
+
+FORMULAS: dict[str, Callable[[Op, PrecisionGraph], float]] = {
+    "matmul": _matmul,
+    "gemm": _gemm,
+    "conv": _conv,
+    "conv_transpose": _conv_transpose,
+    "attention": _attention,
+    "einsum": _einsum,
+    "rnn": _rnn,
+    "elementwise": _elementwise,
+    "softmax": lambda op, g: 5.0 * _input_sized(op, g),
+    "norm": lambda op, g: 8.0 * _input_sized(op, g),
+    "reduction": _input_sized,
+    "pool": lambda op, g: float(_out_numel(op, g)) * 9.0,
+    "none": _none,
+}
+
+
+def op_flops(op: Op, graph: PrecisionGraph, formula: str, per_element: float = 1.0) -> float:
+    fn = FORMULAS.get(formula, _elementwise)
+    flops = fn(op, graph)
+    return flops * per_element if formula == "elementwise" else flops
+
+
+def alignment_dims(op: Op, graph: PrecisionGraph) -> dict[str, int]:
+    """The dims tensor cores need aligned: M/N/K for GEMMs, channels for convs."""
+    if op.canonical in ("matmul", "gemm"):
+        dims = gemm_dims(op, graph)
+        if dims is None:
+            return {}
+        _, m, n, k = dims
+        return {"N": n, "K": k}  # M is the batch-like dim; cuBLAS pads it cheaply
+    if op.canonical in ("conv", "conv_transpose"):
+        w = _shape(graph, op.inputs[1]) if len(op.inputs) > 1 else None
+        if not w or len(w) < 2:
+            return {}
+        group = int(op.attrs.get("group", 1) or 1)
+        if group > 1:
+            return {}
+        return {"C_out": w[0], "C_in": w[1]}
+    return {}

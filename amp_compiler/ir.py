@@ -1,0 +1,278 @@
+"""The one IR both importers build and every pass works on: ``PrecisionGraph``.
+
+Ops and tensors are plain dataclasses kept in insertion (topological) order;
+``PrecisionGraph.nx()`` builds a networkx view when a pass needs a graph
+algorithm (reachability, components, min-cut). Nothing in here knows about
+ONNX protobufs or FX nodes: importers fill it in, emitters read it back.
+
+Port roles (set by the classify pass from the op registry):
+
+* ``unit``  -- the port takes the op's chosen precision (FP32 or low precision);
+* ``fixed`` -- the port keeps the dtype it had in the source whatever the op's
+  precision (Resize scales, normalisation statistics, subgraph boundaries, ...);
+* ``any``   -- the port accepts whatever float dtype arrives, no cast needed
+  (Cast's input, Shape's input);
+* ``other`` -- not a float port (indices, shapes, bools).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import networkx as nx
+
+from .dtypes import FLOAT32, is_float, itemsize
+
+UNIT, FIXED, ANY, OTHER = "unit", "fixed", "any", "other"
+
+# Tensor kinds.
+ACTIVATION, GRAPH_INPUT, CONSTANT, PARAMETER = "activation", "input", "constant", "parameter"
+
+
+@dataclass(frozen=True)
+class PortGroup:
+    """Ports of one op bound to one type parameter (their dtypes must agree).
+
+    ``allowed`` lists the float dtypes the source schema accepts for the group;
+    ``fixed_type`` marks a port whose schema type is one concrete dtype.
+    """
+
+    param: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    allowed: frozenset[str]
+    fixed_type: bool = False
+
+
+@dataclass
+class Tensor:
+    """A value: produced by at most one op (or a graph input / constant), read by many."""
+
+    name: str
+    dtype: str | None
+    shape: tuple | None = None  # ints, symbolic names (str) or None per dim
+    kind: str = ACTIVATION
+    producer: str | None = None
+    producer_port: int = 0
+    consumers: list[tuple[str, int]] = field(default_factory=list)
+    is_graph_output: bool = False
+    scope: str = ""  # "" for the main graph, else the path of the owning subgraph
+    #: for a constant folded from another constant: the source tensor's name
+    folded_from: str | None = None
+    #: training graphs: gradients are divided by the loss scale here (propagation stops)
+    unscale_marker: bool = False
+    #: an output of a subgraph: keeps its dtype so the owning If/Loop/Scan stays consistent
+    scope_output: bool = False
+    #: why this constant cannot be stored in the low dtype (values out of range), if so
+    low_unsafe: str | None = None
+
+    @property
+    def is_constant(self) -> bool:
+        return self.kind in (CONSTANT, PARAMETER)
+
+    def numel(self, default_dim: int = 1, dim_values: dict[str, int] | None = None) -> int:
+        """Element count; symbolic dims take ``dim_values[name]``, unknown ones ``default_dim``."""
+        if self.shape is None:
+            return default_dim
+        n = 1
+        for d in self.shape:
+            if isinstance(d, int) and d >= 0:
+                n *= d
+            else:
+                n *= dim_values.get(d, default_dim) if dim_values and isinstance(d, str) else default_dim
+        return n
+
+    def nbytes(self, dtype: str | None = None, default_dim: int = 1, dim_values: dict[str, int] | None = None) -> int:
+        return self.numel(default_dim, dim_values) * itemsize(dtype or self.dtype)
+
+
+@dataclass
+class Op:
+    """One operation, with what the source artifact called it and what the passes decided."""
+
+    name: str
+    op_type: str  # source op type: "MatMul", "aten.mm.default", ...
+    inputs: list[str]  # tensor names; "" for an absent optional input
+    outputs: list[str]
+    domain: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+    canonical: str | None = None
+    op_class: str | None = None  # allow / infer / clear / deny / unknown
+    port_groups: list[PortGroup] = field(default_factory=list)
+    input_roles: list[str] = field(default_factory=list)
+    output_roles: list[str] = field(default_factory=list)
+    #: registry facts the cost model and reports read
+    tensor_core: bool = False
+    #: set by passes
+    eligible: bool = False
+    precision: str | None = None  # float32 / float16 / bfloat16; None = no float data
+    reason: str = ""
+    unit: int | None = None
+    inserted: bool = False  # created by a pass (a cast), not in the source
+    #: low-precision dtype forbidden for this op, with why (schema, user, numerics)
+    forbid_low: str | None = None
+    force_low: str | None = None
+
+    @property
+    def has_unit_ports(self) -> bool:
+        return UNIT in self.input_roles or UNIT in self.output_roles
+
+
+@dataclass
+class PrecisionUnit:
+    """Ops whose float ports must share one dtype; the planner gives each unit one precision."""
+
+    id: int
+    ops: list[str]
+    precision: str | None = None
+    reason: str = ""
+    time_fp32: float = 0.0
+    time_low: float = 0.0
+
+
+class PrecisionGraph:
+    """Ops and tensors of one model, in topological order, plus planning state."""
+
+    def __init__(self, name: str = "model") -> None:
+        self.name = name
+        self.ops: dict[str, Op] = {}
+        self.tensors: dict[str, Tensor] = {}
+        self.units: dict[int, PrecisionUnit] = {}
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        #: subgraph boundaries: scope -> (owner op name, formal input names, output names)
+        self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
+        self.meta: dict[str, Any] = {}
+        self._fresh = itertools.count()
+
+    # -- building ---------------------------------------------------------------------------
+    def add_tensor(self, tensor: Tensor) -> Tensor:
+        existing = self.tensors.get(tensor.name)
+        if existing is not None:
+            return existing
+        self.tensors[tensor.name] = tensor
+        return tensor
+
+    def add_op(self, op: Op, *, index_after: str | None = None) -> Op:
+        """Add ``op`` (at the end, or right after op ``index_after``) and link its tensors."""
+        if op.name in self.ops:
+            raise ValueError(f"duplicate op name {op.name!r}")
+        if index_after is None:
+            self.ops[op.name] = op
+        else:
+            items = list(self.ops.items())
+            pos = next(i for i, (n, _) in enumerate(items) if n == index_after) + 1
+            items.insert(pos, (op.name, op))
+            self.ops = dict(items)
+        self._link(op)
+        return op
+
+    def insert_ops_before(self, anchor: str | None, new_ops: list[Op]) -> None:
+        """Insert ``new_ops`` in order, before op ``anchor`` (at the end when None); one rebuild."""
+        items = list(self.ops.items())
+        pos = len(items) if anchor is None else next(i for i, (n, _) in enumerate(items) if n == anchor)
+        items[pos:pos] = [(o.name, o) for o in new_ops]
+        self.ops = dict(items)
+        for op in new_ops:
+            self._link(op)
+
+    def _link(self, op: Op) -> None:
+        for port, name in enumerate(op.inputs):
+            if name:
+                self.tensors[name].consumers.append((op.name, port))
+        for port, name in enumerate(op.outputs):
+            if name:
+                t = self.tensors[name]
+                t.producer, t.producer_port = op.name, port
+
+    def remove_op(self, name: str) -> None:
+        op = self.ops.pop(name)
+        for port, tname in enumerate(op.inputs):
+            if tname and tname in self.tensors:
+                self.tensors[tname].consumers.remove((name, port))
+        for tname in op.outputs:
+            t = self.tensors.get(tname)
+            if t is not None and t.producer == name:
+                t.producer = None
+
+    def set_input(self, op_name: str, port: int, tensor_name: str) -> None:
+        """Rewire one input port of an op to another tensor."""
+        op = self.ops[op_name]
+        old = op.inputs[port]
+        if old:
+            self.tensors[old].consumers.remove((op_name, port))
+        op.inputs[port] = tensor_name
+        self.tensors[tensor_name].consumers.append((op_name, port))
+
+    def fresh_name(self, base: str) -> str:
+        """A tensor/op name not used yet, derived from ``base``."""
+        name = base
+        while name in self.tensors or name in self.ops:
+            name = f"{base}_{next(self._fresh)}"
+        return name
+
+    # -- queries ------------------------------------------------------------------------------
+    def producer(self, tensor: str) -> Op | None:
+        p = self.tensors[tensor].producer
+        return self.ops.get(p) if p else None
+
+    def consumers(self, tensor: str) -> Iterator[tuple[Op, int]]:
+        for name, port in self.tensors[tensor].consumers:
+            yield self.ops[name], port
+
+    def float_tensors(self) -> Iterator[Tensor]:
+        return (t for t in self.tensors.values() if is_float(t.dtype))
+
+    def nx(self) -> nx.DiGraph:
+        """Op-level dependency graph (edges producer -> consumer, tensor name on the edge)."""
+        g = nx.DiGraph()
+        g.add_nodes_from(self.ops)
+        for t in self.tensors.values():
+            if t.producer:
+                for c, _ in t.consumers:
+                    g.add_edge(t.producer, c, tensor=t.name)
+        return g
+
+    def stats(self) -> dict[str, int]:
+        return {"ops": len(self.ops), "tensors": len(self.tensors), "units": len(self.units)}
+
+    def default_dim(self) -> int:
+        return int(self.meta.get("default_dim", 1))
+
+    def dim_values(self) -> dict[str, int]:
+        return self.meta.get("dim_values") or {}
+
+    def numel(self, tensor: str | Tensor) -> int:
+        """Element count for cost estimates (symbolic dims resolved from the graph's dim sizes)."""
+        t = self.tensors[tensor] if isinstance(tensor, str) else tensor
+        return t.numel(self.default_dim(), self.dim_values())
+
+    def nbytes(self, tensor: str | Tensor, dtype: str | None = None) -> int:
+        t = self.tensors[tensor] if isinstance(tensor, str) else tensor
+        return t.numel(self.default_dim(), self.dim_values()) * itemsize(dtype or t.dtype)
+
+    def concrete_shape(self, tensor: str) -> list[int] | None:
+        """The tensor's shape with symbolic dims resolved, or None when unknown."""
+        t = self.tensors[tensor]
+        if t.shape is None:
+            return None
+        d, values = self.default_dim(), self.dim_values()
+        return [x if isinstance(x, int) and x >= 0 else values.get(x, d) if isinstance(x, str) else d
+                for x in t.shape]
+
+
+def produced_dtype_role(graph: PrecisionGraph, tensor: Tensor) -> str:
+    """The role of the port that produces ``tensor`` (``other`` for inputs and constants)."""
+    if tensor.producer is None:
+        return OTHER
+    op = graph.ops[tensor.producer]
+    return op.output_roles[tensor.producer_port] if op.output_roles else OTHER
+
+
+__all__ = [
+    "ACTIVATION", "ANY", "CONSTANT", "FIXED", "FLOAT32", "GRAPH_INPUT", "OTHER", "PARAMETER", "UNIT",
+    "Op", "PortGroup", "PrecisionGraph", "PrecisionUnit", "Tensor", "produced_dtype_role",
+]

@@ -1,0 +1,52 @@
+"""``convert_onnx``: an FP32 ONNX model in, a mixed-precision ONNX model and its report out."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from onnx import ModelProto
+
+from .errors import ConversionError
+from .onnx_io.emitter import emit
+from .onnx_io.files import load_model
+from .onnx_io.importer import import_model
+from .plan import make_context, run_passes
+from .report import Report
+
+
+def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str = "h100", dtype: str = "fp16",
+                 keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
+                 deny_nodes: Iterable[str] = (), planner: str = "optimal", default_dim: int = 8,
+                 dim_values: dict[str, int] | None = None, profile=None, progress=None,
+                 source: str | None = None) -> tuple[ModelProto, Report]:
+    """Plan and apply mixed precision on an ONNX model.
+
+    ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
+    path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
+    (others take ``default_dim``). Returns the converted model and the per-op report.
+    Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
+    """
+    ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
+                       deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
+                       progress=progress)
+    if isinstance(model_or_path, ModelProto):
+        model = ModelProto()
+        model.CopyFrom(model_or_path)
+        source = source or model.graph.name or "model"
+    else:
+        source = source or str(model_or_path)
+        model = load_model(model_or_path)
+    if progress:
+        progress("import")
+    imp = import_model(model, source=source, default_dim=default_dim)
+    if not isinstance(model_or_path, ModelProto):
+        imp.graph.meta["base_dir"] = str(Path(model_or_path).resolve().parent)
+    report = run_passes(imp.graph, ctx, source, dim_values)
+    if progress:
+        progress("emit")
+    return emit(imp), report
+
+
+__all__ = ["ConversionError", "convert_onnx"]

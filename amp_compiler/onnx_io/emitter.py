@@ -1,0 +1,159 @@
+"""ONNX emitter: apply a planned ``PrecisionGraph`` back onto the imported ``ModelProto``.
+
+Only what the plan changed is touched: node inputs/outputs rewired to casts, new
+Cast nodes, dtype attributes of ops whose precision changed (``Cast.to``,
+``ConstantOfShape.value``, ...), folded constants written as new initializers,
+initializers nobody reads any more removed, value_info and graph I/O types updated.
+Names, metadata, doc strings, other attributes and untouched nodes survive as they were.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from ..ir import PrecisionGraph, Tensor
+from .dtypes import dtype_to_onnx
+from .importer import OnnxImport
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes comes with onnx
+    ml_dtypes = None
+
+
+def emit(imp: OnnxImport) -> ModelProto:
+    graph, model = imp.graph, imp.model
+    original = graph.meta.get("original_dtypes", {})
+    scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
+    for name, op in graph.ops.items():
+        node = imp.nodes.get(name)
+        if node is None:  # inserted by a pass
+            node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
+        else:
+            if list(node.input) != op.inputs:
+                del node.input[:]
+                node.input.extend(op.inputs)
+            if list(node.output) != op.outputs:
+                del node.output[:]
+                node.output.extend(op.outputs)
+            _retarget_dtype_attrs(graph, node, op.outputs, original)
+        scopes[op.scope].append(node)
+    # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
+    for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
+        g = imp.graphs[scope]
+        _replace_nodes(g, scopes[scope])
+        _write_initializers(imp, g, scope)
+        _update_types(graph, g, scope, original)
+    return model
+
+
+def _depth(graph: PrecisionGraph, scope: str) -> int:
+    depth = 0
+    while scope:
+        owner = graph.scopes[scope][0]
+        scope = graph.ops[owner].scope if owner in graph.ops else ""
+        depth += 1
+    return depth
+
+
+def _replace_nodes(g: GraphProto, nodes: list[NodeProto]) -> None:
+    if len(nodes) == len(g.node) and all(a is b for a, b in zip(nodes, g.node)):
+        return
+    # protobuf copies messages on extend: take copies first, since the old ones are cleared
+    copies = []
+    for n in nodes:
+        c = NodeProto()
+        c.CopyFrom(n)
+        copies.append(c)
+    del g.node[:]
+    g.node.extend(copies)
+
+
+def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str], original: dict) -> None:
+    """Ops whose output dtype is an attribute: make the attribute match the new output dtype."""
+    if not outputs or not outputs[0]:
+        return
+    t = graph.tensors[outputs[0]]
+    before = original.get(outputs[0])
+    if before is None or t.dtype == before:
+        return
+    for a in node.attribute:
+        if a.name in ("to", "dtype") and a.type == a.INT:
+            a.i = dtype_to_onnx(t.dtype)
+        elif a.name == "value" and a.type == a.TENSOR:
+            converted = to_dtype(numpy_helper.to_array(a.t), t.dtype)
+            a.t.CopyFrom(numpy_helper.from_array(converted, a.t.name))
+
+
+def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
+    graph = imp.graph
+    used = {name for op in graph.ops.values() for name in op.inputs if name}
+    used |= {t.name for t in graph.tensors.values() if t.is_graph_output}
+    keep = []
+    changed = False
+    for init in g.initializer:
+        t = graph.tensors.get(init.name)
+        if init.name in used or (t is not None and t.kind != "constant") or _is_declared_input(g, init.name):
+            keep.append(init)
+        else:
+            changed = True
+    for t in graph.tensors.values():
+        if t.folded_from and t.scope == scope and t.name in used and t.name not in imp.initializers:
+            source = imp.initializers[t.folded_from]
+            keep.append(numpy_helper.from_array(to_dtype(_array(source, imp), t.dtype), t.name))
+            imp.initializers[t.name] = keep[-1]
+            changed = True
+    if changed:
+        copies = []
+        for init in keep:
+            c = TensorProto()
+            c.CopyFrom(init)
+            copies.append(c)
+        del g.initializer[:]
+        g.initializer.extend(copies)
+
+
+def _array(init: TensorProto, imp: OnnxImport) -> np.ndarray:
+    base = imp.graph.meta.get("base_dir")
+    return numpy_helper.to_array(init, base_dir=base) if base else numpy_helper.to_array(init)
+
+
+def _is_declared_input(g: GraphProto, name: str) -> bool:
+    return any(i.name == name for i in g.input)
+
+
+def to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Convert an array to an IR dtype (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        return values.astype(ml_dtypes.bfloat16)
+    return values.astype(np.dtype(dtype))
+
+
+def _update_types(graph: PrecisionGraph, g: GraphProto, scope: str, original: dict) -> None:
+    described = set()
+    for vi in (*g.input, *g.output, *g.value_info):
+        t = graph.tensors.get(vi.name)
+        described.add(vi.name)
+        if t is not None and t.dtype and vi.type.HasField("tensor_type") and t.dtype in _CODES:
+            vi.type.tensor_type.elem_type = _CODES[t.dtype]
+    stale = [vi for vi in g.value_info if vi.name not in graph.tensors or not _alive(graph, graph.tensors[vi.name])]
+    for vi in stale:
+        g.value_info.remove(vi)
+    for t in graph.tensors.values():
+        if t.scope == scope and t.name not in described and t.dtype in _CODES and t.producer \
+                and t.name not in original:
+            g.value_info.append(helper.make_tensor_value_info(t.name, _CODES[t.dtype], _dims(t)))
+
+
+def _alive(graph: PrecisionGraph, t: Tensor) -> bool:
+    return t.producer is not None or t.kind != "activation"
+
+
+def _dims(t: Tensor):
+    if t.shape is None:
+        return None
+    return [d if isinstance(d, (int, str)) else None for d in t.shape]
+
+
+_CODES = {name: dtype_to_onnx(name) for name in ("float32", "float16", "bfloat16", "float64")}

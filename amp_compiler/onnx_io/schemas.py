@@ -1,0 +1,53 @@
+"""Port roles of ONNX ops, derived from the ``onnx.defs`` schemas of the model's opset.
+
+For each op the schema names type parameters (``T``, ``T1``, ...) and the dtypes each
+may take. From that we derive, per port, which *group* it belongs to (ports bound to
+one type parameter must agree) and whether the group can be FP32 and the low dtype.
+The classify pass turns groups into roles (``unit`` / ``fixed`` / ``any`` / ``other``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import onnx.defs
+
+from ..ir import PortGroup
+
+_ONNX_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
+
+
+@lru_cache(maxsize=None)
+def port_groups(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> tuple[PortGroup, ...] | None:
+    """Port groups of ``op_type`` at ``opset`` for a node with that many inputs/outputs; None if no schema."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # onnx raises SchemaError; no schema means the registry decides alone
+        return None
+    params = {tc.type_param_str: frozenset(tc.allowed_type_strs) for tc in schema.type_constraints}
+
+    def allowed_of(type_str: str) -> tuple[str, frozenset[str]]:
+        allowed = params.get(type_str, frozenset({type_str}))
+        floats = frozenset(k for k, v in _ONNX_NAMES.items() if v in allowed)
+        return type_str, floats
+
+    members: dict[str, tuple[list[int], list[int], frozenset[str]]] = {}
+
+    def bind(formals, count: int, is_input: bool) -> None:
+        for idx in range(count):
+            formal = formals[min(idx, len(formals) - 1)] if formals else None
+            if formal is None:
+                break
+            if idx >= len(formals) and formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic:
+                break
+            key, floats = allowed_of(formal.type_str)
+            if key not in params or not formal.is_homogeneous:
+                # a fixed-type port, or one slot of a heterogeneous variadic: its own group
+                key = f"{key}:{'in' if is_input else 'out'}{idx}"
+            ins, outs, _ = members.setdefault(key, ([], [], floats))
+            (ins if is_input else outs).append(idx)
+
+    bind(schema.inputs, n_inputs, True)
+    bind(schema.outputs, n_outputs, False)
+    return tuple(PortGroup(f"{k}@v{schema.since_version}", tuple(i), tuple(o), f, fixed_type=k.partition(":")[0] not in params)
+                 for k, (i, o, f) in members.items())

@@ -1,0 +1,39 @@
+"""Run the pass pipeline on a ``PrecisionGraph``: the part both entry points share."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from cost_model import get_device
+from passes import PassManager, PlanContext, default_passes
+
+from .dtypes import normalize_low_dtype
+from .ir import PrecisionGraph
+from .plan_report import build_report
+from .report import Report
+
+
+def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "optimal",
+                 keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
+                 deny_nodes: Iterable[str] = (), training: bool = False, default_dim: int = 8,
+                 profile=None, progress: Callable[[str], None] | None = None) -> PlanContext:
+    """Validate user options once and pack them for the passes."""
+    get_device(target)  # raises ValueError listing the known devices
+    if planner not in ("optimal", "greedy"):
+        raise ValueError(f"unknown planner {planner!r}: use 'optimal' or 'greedy'")
+    if default_dim < 1:
+        raise ValueError(f"default_dim must be >= 1, got {default_dim}")
+    return PlanContext(low_dtype=normalize_low_dtype(dtype), target=target, planner=planner,
+                       keep_io_types=keep_io_types, training=training, allow=frozenset(allow),
+                       deny=frozenset(deny), deny_nodes=frozenset(deny_nodes), default_dim=default_dim,
+                       profile=profile, progress=progress)
+
+
+def run_passes(graph: PrecisionGraph, ctx: PlanContext, source: str,
+               dim_values: dict[str, int] | None = None) -> Report:
+    """classify -> propagate -> convert -> casts -> align; returns the per-op report."""
+    graph.meta["default_dim"] = ctx.default_dim
+    graph.meta["dim_values"] = dict(dim_values or {})
+    manager = PassManager(default_passes())
+    graph = manager.run(graph, ctx)
+    return build_report(graph, ctx, manager.records, source)

@@ -1,0 +1,101 @@
+"""Build the per-op precision report (schema 1.0) from a planned ``PrecisionGraph``.
+
+Shared by the ONNX and FX paths: both hand over the graph after the passes, the
+pass records and the options; ``amp_compiler.report.Report`` renders the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import __version__
+from .dtypes import FLOAT32, LOW_PRECISION
+from .ir import PrecisionGraph
+from .registry import UNKNOWN
+from .report import SCHEMA_VERSION, Report
+
+
+def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) -> Report:
+    timer = graph.meta.get("timer")
+    pred = graph.meta.get("prediction", {})
+    default_dim = graph.default_dim()
+    casts_caused: dict[str, int] = {}
+    casts: list[dict[str, Any]] = []
+    for op in graph.ops.values():
+        if op.canonical != "cast":
+            continue
+        src = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] else None
+        out = graph.tensors[op.outputs[0]]
+        if src is None or not src.dtype or not out.dtype or src.dtype == out.dtype:
+            continue
+        nbytes = graph.nbytes(src) + graph.nbytes(out)
+        consumers = [c for c, _ in out.consumers]
+        for c in consumers:
+            casts_caused[c] = casts_caused.get(c, 0) + 1
+        casts.append({"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype, "bytes": nbytes,
+                      "reason": _cast_reason(graph, op, consumers) if op.inserted else "cast in the source model",
+                      "inserted": op.inserted})
+    ops = []
+    gemm_flops = low_gemm_flops = 0.0
+    unknown = set()
+    for op in graph.ops.values():
+        if op.inserted:
+            continue
+        flops = timer.flops(op) if timer else 0.0
+        precision = op.precision or "n/a"
+        if op.tensor_core:
+            gemm_flops += flops
+            if precision in LOW_PRECISION:
+                low_gemm_flops += flops
+        if op.op_class == UNKNOWN:
+            unknown.add(f"{op.domain}::{op.op_type}" if op.domain else op.op_type)
+        low = ctx.low_dtype
+        ops.append({
+            "name": op.name, "op_type": op.op_type, "canonical": op.canonical or "", "class": op.op_class,
+            "precision": precision, "reason": op.reason,
+            "flops": flops, "bytes": timer.bytes(op, op.precision or FLOAT32) if timer else 0.0,
+            "predicted_time_fp32_s": timer.time(op, FLOAT32) if timer and op.has_unit_ports else 0.0,
+            "predicted_time_fp16_s": timer.time(op, low) if timer and op.has_unit_ports else 0.0,
+            "casts": casts_caused.get(op.name, 0),
+            **({"scope": op.scope} if op.scope else {}),
+        })
+    n_low = sum(1 for o in ops if o["precision"] in LOW_PRECISION)
+    fp32_t = pred.get("predicted_time_fp32_s", 0.0)
+    mixed_t = pred.get("predicted_time_mixed_s", 0.0)
+    all_low_t = pred.get("predicted_time_all_low_s", 0.0)
+    summary = {
+        "nodes": len(ops), "fp16_nodes": n_low, "fp32_nodes": sum(1 for o in ops if o["precision"] == FLOAT32),
+        "casts": len(casts), "inserted_casts": sum(1 for c in casts if c["inserted"]),
+        "cast_bytes": sum(c["bytes"] for c in casts),
+        "gemm_flops": gemm_flops,
+        "fp16_gemm_flop_fraction": (low_gemm_flops / gemm_flops) if gemm_flops else 1.0,
+        "predicted_time_fp32_s": fp32_t, "predicted_time_mixed_s": mixed_t,
+        "predicted_time_all_fp16_s": all_low_t,
+        "predicted_speedup_vs_fp32": fp32_t / mixed_t if mixed_t else 1.0,
+        "predicted_speedup_vs_all_fp16": all_low_t / mixed_t if mixed_t else 1.0,
+        "target": ctx.target if isinstance(ctx.target, str) else getattr(ctx.target, "name", str(ctx.target)),
+        "dtype": ctx.low_dtype, "planner": ctx.planner, "keep_io_types": ctx.keep_io_types,
+        "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
+    }
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "amp-compiler", "version": __version__},
+        "source": source,
+        "summary": summary,
+        "ops": ops,
+        "casts": casts,
+        "passes": [r.to_dict() for r in records],
+        "alignment": list(ctx.alignment),
+    }
+    return Report(data)
+
+
+def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:
+    out = graph.tensors[op.outputs[0]]
+    if out.is_graph_output and not consumers:
+        return "graph output keeps its dtype (keep_io_types)"
+    src = graph.tensors[op.inputs[0]]
+    if src.producer is None and not src.is_constant:
+        return "graph input keeps its dtype (keep_io_types)"
+    names = ", ".join(consumers[:3]) + (" ..." if len(consumers) > 3 else "")
+    return f"read by {names}"

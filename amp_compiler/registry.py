@@ -1,0 +1,209 @@
+"""The op registry: one table of canonical ops, with an ONNX column and an aten column.
+
+Each row gives a canonical op its class, which the ONNX schemas and the torch op
+schemas cannot tell (they say which dtypes an op *accepts*, not whether FP16 is
+numerically safe or fast for it):
+
+* ``allow``  -- tensor-core ops (GEMM, conv, attention): FP16 makes them fast;
+* ``infer``  -- numerically safe in FP16 given FP16 inputs (elementwise math,
+  activations, and normalisations/softmax whose kernels accumulate in FP32);
+* ``clear``  -- data movement; the precision of the data passes through;
+* ``deny``   -- numerically unsafe in FP16 (exp, log, pow, sum/mean reductions,
+  losses, random generators, quantisation boundaries).
+
+Which ports of an op are float, which must agree, and which accept any dtype is
+derived from the ONNX schemas (``onnx_io.schemas``) or the tensors' dtypes; rows
+here only add what the schemas cannot say: FP32-only ports, attributes that
+carry a dtype, the FLOP formula, and whether the kernel accumulates in FP32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALLOW, INFER, CLEAR, DENY, UNKNOWN = "allow", "infer", "clear", "deny", "unknown"
+CLASSES = (ALLOW, INFER, CLEAR, DENY, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What the registry knows about one canonical op."""
+
+    canonical: str
+    op_class: str
+    flops: str = "elementwise"  # formula name in ``amp_compiler.flops``
+    flops_per_element: float = 1.0
+    tensor_core: bool = False
+    accumulates_fp32: bool = False
+    #: ports that stay FP32 whatever the op's precision (by port index)
+    fp32_inputs: tuple[int, ...] = ()
+    fp32_outputs: tuple[int, ...] = ()
+    #: attributes that carry the output dtype (rewritten when the op changes precision)
+    dtype_attrs: tuple[str, ...] = ()
+    note: str = ""  # why the op has its class; shown in reports
+    onnx: tuple[str, ...] = ()  # "Op" (default domain) or "domain::Op"
+    aten: tuple[str, ...] = ()  # aten overload packets, e.g. "mm", "addmm"
+
+
+_ROWS: list[OpDef] = []
+
+
+def _op(canonical: str, op_class: str, onnx=(), aten=(), **kw) -> None:
+    _ROWS.append(OpDef(canonical, op_class, onnx=tuple(onnx), aten=tuple(aten), **kw))
+
+
+def _many(op_class: str, names: str, **kw) -> None:
+    """Rows whose canonical name is the snake_case of the ONNX op (aten overloads by the same name)."""
+    for name in names.split():
+        onnx_name, _, aten = name.partition("/")
+        _op(_snake(onnx_name), op_class, onnx=[onnx_name], aten=[a for a in aten.split(",") if a], **kw)
+
+
+def _snake(name: str) -> str:
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and (not name[i - 1].isupper() or (i + 1 < len(name) and name[i + 1].islower())):
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+MS = "com.microsoft::"
+
+# -- allow: tensor-core work -----------------------------------------------------------------------
+_op("matmul", ALLOW, ["MatMul", MS + "FusedMatMul"], ["mm", "bmm", "matmul"], flops="matmul", tensor_core=True)
+_op("gemm", ALLOW, ["Gemm"], ["addmm", "baddbmm", "linear"], flops="gemm", tensor_core=True)
+_op("conv", ALLOW, ["Conv", MS + "FusedConv"], ["convolution", "conv1d", "conv2d", "conv3d"], flops="conv", tensor_core=True)
+_op("conv_transpose", ALLOW, ["ConvTranspose"], ["conv_transpose1d", "conv_transpose2d"], flops="conv_transpose", tensor_core=True)
+_op("einsum", ALLOW, ["Einsum"], ["einsum"], flops="einsum", tensor_core=True)
+_op("attention", ALLOW, ["Attention", MS + "Attention", MS + "MultiHeadAttention", MS + "GroupQueryAttention",
+                          MS + "PackedAttention", MS + "DecoderMaskedMultiHeadAttention"],
+    ["scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_attention_math"],
+    flops="attention", tensor_core=True, note="attention kernels accumulate in FP32")
+_op("gemm_fast_gelu", ALLOW, [MS + "GemmFastGelu"], flops="matmul", tensor_core=True)
+_op("rnn", ALLOW, ["LSTM", "GRU", "RNN"], ["lstm", "gru", "rnn_tanh", "rnn_relu"], flops="rnn", tensor_core=True,
+    note="cuDNN RNN cells run their GEMMs on tensor cores")
+
+# -- infer: safe in FP16 given FP16 inputs ---------------------------------------------------------
+_many(INFER, "Add/add Sub/sub,rsub Mul/mul Div/div Neg/neg Abs/abs Relu/relu LeakyRelu/leaky_relu PRelu/prelu "
+             "Elu/elu Selu Celu Sigmoid/sigmoid Tanh/tanh HardSigmoid/hardsigmoid HardSwish/hardswish "
+             "Mish/mish Swish/silu Softsign ThresholdedRelu Clip/clamp,clamp_min,clamp_max,hardtanh "
+             "Erf/erf Sqrt/sqrt Rsqrt/rsqrt Reciprocal/reciprocal Min/minimum Max/maximum Mean Sum "
+             "Sin/sin Cos/cos Tan Ceil/ceil Floor/floor Round/round Sign/sign Shrink Mod/fmod,remainder "
+             "Where/where Equal/eq Greater/gt GreaterOrEqual/ge Less/lt LessOrEqual/le Not/logical_not "
+             "IsNaN/isnan IsInf/isinf ArgMax/argmax ArgMin/argmin Dropout/dropout,native_dropout "
+             "GridSample/grid_sampler_2d RotaryEmbedding SwiGLU Trilu/tril,triu CausalConvWithState")
+_op("gelu", INFER, ["Gelu", MS + "Gelu", MS + "FastGelu", MS + "BiasGelu", MS + "QuickGelu"], ["gelu"],
+    flops_per_element=8)
+_op("softplus", INFER, ["Softplus"], ["softplus"], flops_per_element=4,
+    note="computed as max(x,0)+log1p(exp(-|x|)), bounded")
+_op("bias_add", INFER, [MS + "BiasAdd", MS + "BiasSplitGelu", MS + "BiasDropout"])
+_op("softmax", INFER, ["Softmax", MS + "BiasSoftmax"], ["_softmax", "softmax"], flops="softmax", accumulates_fp32=True,
+    note="kernel computes max, exp and sum in FP32")
+_op("log_softmax", INFER, ["LogSoftmax"], ["_log_softmax", "log_softmax"], flops="softmax", accumulates_fp32=True,
+    note="kernel computes max, exp and sum in FP32")
+_op("layer_norm", INFER, ["LayerNormalization", MS + "LayerNormalization", MS + "SkipLayerNormalization",
+                          "SimplifiedLayerNormalization", MS + "SkipSimplifiedLayerNormalization",
+                          MS + "SimplifiedLayerNormalization"],
+    ["native_layer_norm", "layer_norm"], flops="norm", accumulates_fp32=True, fp32_outputs=(1, 2),
+    note="statistics computed in FP32 (stash_type=1)")
+_op("rms_norm", INFER, ["RMSNormalization"], ["rms_norm", "_fused_rms_norm"], flops="norm", accumulates_fp32=True,
+    fp32_outputs=(1,), note="statistics computed in FP32 (stash_type=1)")
+_op("group_norm", INFER, ["GroupNormalization", MS + "GroupNorm", MS + "SkipGroupNorm"], ["native_group_norm"],
+    flops="norm", accumulates_fp32=True, fp32_inputs=(), note="statistics computed in FP32")
+_op("instance_norm", INFER, ["InstanceNormalization"], ["instance_norm"], flops="norm", accumulates_fp32=True,
+    note="cuDNN computes the statistics in FP32")
+_op("batch_norm", INFER, ["BatchNormalization"],
+    ["_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm", "batch_norm"],
+    flops="norm", accumulates_fp32=True, note="cuDNN computes the statistics in FP32")
+_op("average_pool", INFER, ["AveragePool", "GlobalAveragePool"], ["avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d"],
+    flops="pool", accumulates_fp32=True, note="cuDNN pooling accumulates in FP32")
+
+# -- clear: data movement --------------------------------------------------------------------------
+_many(CLEAR, "Reshape/view,_unsafe_view,reshape Transpose/permute,transpose,t Squeeze/squeeze "
+             "Unsqueeze/unsqueeze Flatten/flatten Concat/cat Split/split,split_with_sizes "
+             "Slice/slice,narrow Gather/index_select,select GatherElements/gather GatherND/index "
+             "Expand/expand Tile/repeat Identity/clone,alias,detach,lift_fresh_copy DepthToSpace "
+             "SpaceToDepth Compress ReverseSequence ScatterND/index_put Scatter "
+             "ScatterElements/scatter,scatter_add MaxPool/max_pool2d_with_indices,max_pool2d "
+             "GlobalMaxPool MaxRoiPool MaxUnpool ReduceMax/amax,max ReduceMin/amin,min "
+             "Pad/constant_pad_nd,pad CenterCropPad Col2Im TopK/topk Hardmax Shape Size NonZero/nonzero "
+             "OneHot Resize/upsample_nearest2d,upsample_bilinear2d Upsample TensorScatter Optional "
+             "OptionalGetElement OptionalHasElement")
+_op("cast", CLEAR, ["Cast", "CastLike"], ["_to_copy", "to", "convert_element_type"], dtype_attrs=("to",),
+    note="existing casts are retargeted or removed by the casts pass")
+_op("constant", CLEAR, ["Constant"], ["scalar_tensor", "full", "zeros", "ones"], dtype_attrs=("value",))
+_op("constant_of_shape", CLEAR, ["ConstantOfShape"], ["new_zeros", "new_ones", "zeros_like", "ones_like", "full_like"],
+    dtype_attrs=("value",))
+_op("eye_like", CLEAR, ["EyeLike"], dtype_attrs=("dtype",))
+
+# -- deny: numerically unsafe in FP16 --------------------------------------------------------------
+_RANGE = "overflows or loses precision in FP16"
+_op("exp", DENY, ["Exp"], ["exp"], flops_per_element=4, note="exp overflows FP16 above 11.1")
+_op("log", DENY, ["Log"], ["log"], flops_per_element=4, note="log of small FP16 values loses precision")
+_op("pow", DENY, ["Pow"], ["pow"], flops_per_element=4, note="pow " + _RANGE)
+for _name, _aten in (("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceProd", "prod"), ("ReduceL1", ""),
+                     ("ReduceL2", "norm,linalg_vector_norm"), ("ReduceLogSum", ""), ("ReduceLogSumExp", "logsumexp"),
+                     ("ReduceSumSquare", "")):
+    _op(_snake(_name), DENY, [_name], [a for a in _aten.split(",") if a], flops="reduction",
+        note="reduction accumulates in the op's dtype")
+_op("var_mean", DENY, [], ["var_mean", "var", "std"], flops="reduction", note="reduction accumulates in the op's dtype")
+_many(DENY, "CumSum/cumsum CumProd/cumprod", flops="reduction", note="scan accumulates in the op's dtype")
+_many(DENY, "SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss/nll_loss_forward,nll_loss", flops="reduction",
+      note="losses are reductions over log-probabilities")
+_many(DENY, "LpNormalization LpPool GlobalLpPool MeanVarianceNormalization LRN", flops="reduction",
+      note="normalisation accumulates in the op's dtype")
+_many(DENY, "Sinh Cosh Asin Acos Atan Asinh Acosh Atanh Det DFT STFT AffineGrid", note=_RANGE)
+_many(DENY, "Range/arange BlackmanWindow HammingWindow HannWindow MelWeightMatrix",
+      note="generated values lose precision in FP16")
+_many(DENY, "RandomNormal RandomUniform RandomNormalLike RandomUniformLike Bernoulli Multinomial",
+      dtype_attrs=("dtype",), note="random generators stay FP32")
+_many(DENY, "QuantizeLinear DequantizeLinear DynamicQuantizeLinear QLinearConv QLinearMatMul BitCast",
+      note="quantisation boundary: scales stay FP32")
+_many(DENY, "NonMaxSuppression RoiAlign Unique TfIdfVectorizer LinearAttention", note="no reliable FP16 kernel")
+_many(DENY, "SequenceAt SequenceConstruct SequenceInsert SequenceMap SplitToSequence ConcatFromSequence "
+            "SequenceEmpty SequenceErase SequenceLength", note="sequence values are not converted")
+_op("control_flow", CLEAR, ["If", "Loop", "Scan"], ["cond", "while_loop"], flops="none",
+    note="subgraph boundaries keep their dtypes; the ops inside are planned on their own")
+
+# aten-only rows that the FX path needs (no ONNX op of that name).
+_op("embedding", CLEAR, [], ["embedding"])
+_op("native_layer_norm_backward", INFER, [], ["native_layer_norm_backward"], flops="norm", accumulates_fp32=True)
+
+
+@dataclass
+class Registry:
+    """Lookup from source op names to ``OpDef`` rows, plus user overrides of the class."""
+
+    by_canonical: dict[str, OpDef] = field(default_factory=dict)
+    by_onnx: dict[tuple[str, str], OpDef] = field(default_factory=dict)
+    by_aten: dict[str, OpDef] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls) -> "Registry":
+        reg = cls()
+        for row in _ROWS:
+            if row.canonical in reg.by_canonical:
+                raise ValueError(f"canonical op {row.canonical!r} appears twice in the registry")
+            reg.by_canonical[row.canonical] = row
+            for name in row.onnx:
+                domain, _, op = name.rpartition("::")
+                key = (domain, op)
+                if key in reg.by_onnx:
+                    raise ValueError(f"ONNX op {name!r} maps to two canonical ops")
+                reg.by_onnx[key] = row
+            for name in row.aten:
+                reg.by_aten[name] = row
+        return reg
+
+    def lookup_onnx(self, domain: str, op_type: str) -> OpDef | None:
+        domain = "" if domain in ("", "ai.onnx") else domain
+        return self.by_onnx.get((domain, op_type))
+
+    def lookup_aten(self, packet_name: str) -> OpDef | None:
+        """``packet_name`` is the overload packet without namespace, e.g. ``"addmm"``."""
+        return self.by_aten.get(packet_name)
+
+
+DEFAULT_REGISTRY = Registry.default()

@@ -1,0 +1,92 @@
+"""Run the FP32 original and the converted model on ONNX Runtime and compare their outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto, TensorProto
+
+from .errors import ConversionError
+
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
+       TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
+       TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_, TensorProto.INT16: np.int16}
+
+
+def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
+                  int_high: int = 2) -> dict[str, np.ndarray]:
+    """Random feeds for the model's graph inputs: N(0,1) floats, ints in [0, int_high)."""
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        tt = inp.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else default_dim for d in tt.shape.dim]
+        dtype = _NP.get(tt.elem_type)
+        if dtype is None:
+            raise ConversionError("", f"graph input {inp.name!r}",
+                                  f"cannot generate random data of type {TensorProto.DataType.Name(tt.elem_type)}; "
+                                  "pass --inputs FILE.npz")
+        if np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype is np.bool_:
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[inp.name] = rng.integers(0, int_high, shape).astype(dtype)
+    return feeds
+
+
+def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise ConversionError(str(path), "", f"cannot read inputs (.npz expected): {exc}") from None
+
+
+def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    payload = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(payload, opts, providers=providers or ["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray]) -> list[dict[str, Any]]:
+    """Per output: max absolute error and max relative error (relative to the output's max magnitude)."""
+    rows = []
+    for name, a, b in zip(names, expected, actual):
+        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a64.shape != b64.shape:
+            rows.append({"name": name, "max_abs_error": float("inf"), "max_rel_error": float("inf"),
+                         "note": f"shape {b64.shape} != {a64.shape}"})
+            continue
+        diff = np.abs(a64 - b64)
+        finite = np.isfinite(a64)
+        mismatch_nonfinite = bool(np.any(np.isfinite(b64) != finite))
+        scale = float(np.max(np.abs(a64[finite]))) if finite.any() else 0.0
+        max_abs = float(np.max(diff[finite])) if finite.any() and diff.size else 0.0
+        rel = max_abs / scale if scale > 0 else max_abs
+        if mismatch_nonfinite:
+            max_abs = rel = float("inf")
+        rows.append({"name": name, "max_abs_error": max_abs, "max_rel_error": rel})
+    return rows
+
+
+def validate(original: ModelProto, converted: ModelProto, feeds: dict[str, np.ndarray],
+             tolerance: float = 1e-2) -> dict[str, Any]:
+    """Run both models on ``feeds``; the result goes into the report's ``validation`` section."""
+    expected = run_model(original, feeds)
+    actual = run_model(converted, feeds)
+    names = [o.name for o in original.graph.output]
+    outputs = compare_outputs(names, expected, actual)
+    worst = max((o["max_rel_error"] for o in outputs), default=0.0)
+    return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
+            "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}

@@ -1,0 +1,19 @@
+"""Cost model for amp-compiler: device specs, a roofline op-time model and measured profiles."""
+
+from .devices import DEFAULT_DEVICE, DEVICES, DeviceSpec, get_device
+from .dtypes import canonical_dtype, itemsize
+from .measured import MeasuredProfile, default_profile_path
+from .roofline import Roofline, tensor_core_aligned
+
+__all__ = [
+    "DeviceSpec",
+    "DEVICES",
+    "DEFAULT_DEVICE",
+    "get_device",
+    "Roofline",
+    "MeasuredProfile",
+    "itemsize",
+    "canonical_dtype",
+    "default_profile_path",
+    "tensor_core_aligned",
+]

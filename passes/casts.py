@@ -1,0 +1,244 @@
+"""Casts: make every tensor's dtype agree with its consumers, with as few casts as legal.
+
+Rewrite cases:
+
+1. Each float tensor takes the dtype its producer now gives (the producer op's
+   precision for ``unit`` ports, the source dtype otherwise).
+2. For each tensor and each dtype some consumer needs that differs, **one** cast is
+   inserted right after the producer (in the producer's scope, so consumers inside
+   subgraphs see it too) and those consumers read it: sibling casts are merged by
+   construction.
+3. Constants are never cast at run time in inference: the cast is folded into a new
+   constant (one stored copy per dtype in use; a constant read in FP16 and FP32 gets
+   two copies, never a dtype mismatch). In training (``ctx.training``) parameters are
+   FP32 master weights and get a run-time cast.
+4. An existing ``Cast`` whose input already has its target dtype is removed.
+5. A chain ``Cast(widen) -> Cast`` reads the first cast's input directly when the
+   first cast is lossless (FP16->FP32->FP16 is an identity). A narrowing first cast
+   (FP32->FP16->FP32) rounds and can overflow, so that pair is kept.
+6. Existing sibling casts of one tensor to one dtype are merged.
+7. Casts left without consumers are removed (never one that writes a graph output).
+Casts end up on the smaller side of data-movement ops because the convert pass
+charges each cast by the bytes of the tensor it converts.
+"""
+
+from __future__ import annotations
+
+from amp_compiler.dtypes import FLOAT_DTYPES, is_float, itemsize, short
+from amp_compiler.ir import ANY, CONSTANT, FIXED, OTHER, UNIT, Op, PrecisionGraph, Tensor
+
+from .base import Pass, PassResult, PlanContext
+
+
+class CastPass(Pass):
+    name = "casts"
+
+    def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        original = {name: t.dtype for name, t in graph.tensors.items()}
+        _retype_outputs(graph)
+        _retype_free_inputs(graph, ctx, original)
+        inserted, folded = _insert_casts(graph, ctx, original)
+        removed = _eliminate_casts(graph)
+        graph.meta["original_dtypes"] = original
+        details = f"{inserted} casts inserted, {folded} constants folded, {removed} casts removed"
+        return PassResult(graph, bool(inserted or folded or removed), details)
+
+
+def _retype_outputs(graph: PrecisionGraph) -> None:
+    for op in graph.ops.values():
+        if op.precision is None:
+            continue
+        for port, name in enumerate(op.outputs):
+            if name and op.output_roles[port] == UNIT:
+                graph.tensors[name].dtype = op.precision
+
+
+def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, ctx: PlanContext) -> dict[str, list]:
+    """dtype -> consumer ports wanting it (``("output", None)`` for a kept graph output)."""
+    want: dict[str, list] = {}
+    for cname, port in t.consumers:
+        op = graph.ops[cname]
+        role = op.input_roles[port] if port < len(op.input_roles) else FIXED
+        if role == UNIT and op.precision:
+            dtype = op.precision
+        elif role in (ANY, OTHER):
+            continue
+        else:
+            dtype = original
+        want.setdefault(dtype, []).append((cname, port))
+    return want
+
+
+def _retype_free_inputs(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> None:
+    """Without keep_io_types a float graph input takes the dtype all its consumers want."""
+    if ctx.keep_io_types:
+        return
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if t.dtype in FLOAT_DTYPES:
+            want = _wanted(graph, t, t.dtype, ctx)
+            if len(want) == 1:
+                t.dtype = next(iter(want))
+
+
+def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tuple[int, int]:
+    new_ops: dict[str | None, list[Op]] = {}  # anchor op (insert after) or scope start -> casts
+    inserted = folded = 0
+    for t in list(graph.tensors.values()):
+        if not is_float(t.dtype) or not t.consumers and not t.is_graph_output:
+            continue
+        source_dtype = original.get(t.name, t.dtype)
+        if t.is_graph_output and (ctx.keep_io_types or t.scope_output) and t.dtype != source_dtype and t.producer:
+            # the output keeps its name and dtype: the producer writes a renamed tensor, a cast the output
+            inner = _rename(graph, t, graph.fresh_name(f"{t.name}_{short(t.dtype)}"))
+            out_cast = _make_cast(graph, inner, source_dtype, out_name=t.name)[1]
+            new_ops.setdefault(_anchor(graph, inner), []).append(out_cast)
+            inserted += 1
+            t = inner
+        want = _wanted(graph, t, source_dtype, ctx)
+        for dtype, ports in want.items():
+            if dtype == t.dtype or dtype is None:
+                continue
+            if t.kind == CONSTANT and not (ctx.training and t.name in graph.meta.get("parameters", ())):
+                new = _fold_constant(graph, t, dtype)
+                folded += 1
+            else:
+                new, cast = _make_cast(graph, t, dtype)
+                new_ops.setdefault(_anchor(graph, t), []).append(cast)
+                inserted += 1
+            for cname, port in ports:
+                graph.set_input(cname, port, new.name)
+    _place(graph, new_ops)
+    return inserted, folded
+
+
+def _rename(graph: PrecisionGraph, t: Tensor, new_name: str) -> Tensor:
+    """Give the value ``t`` carries a new tensor name; ``t`` keeps its name, with no producer."""
+    inner = graph.add_tensor(Tensor(new_name, t.dtype, t.shape, t.kind, scope=t.scope))
+    producer = graph.ops[t.producer]
+    producer.outputs[t.producer_port] = new_name
+    inner.producer, inner.producer_port = t.producer, t.producer_port
+    t.producer, t.dtype = None, None
+    for cname, port in list(t.consumers):
+        graph.set_input(cname, port, new_name)
+    return inner
+
+
+def _fold_constant(graph: PrecisionGraph, t: Tensor, dtype: str) -> Tensor:
+    name = graph.fresh_name(f"{t.name}_{short(dtype)}")
+    return graph.add_tensor(Tensor(name, dtype, t.shape, CONSTANT, scope=t.scope, folded_from=t.name))
+
+
+def _make_cast(graph: PrecisionGraph, t: Tensor, dtype: str, out_name: str | None = None) -> tuple[Tensor, Op]:
+    if out_name is not None:  # an existing (graph output) tensor that the cast now writes
+        out = graph.tensors[out_name]
+        out.dtype = dtype
+    else:
+        out = graph.add_tensor(Tensor(graph.fresh_name(f"{t.name}_to_{short(dtype)}"), dtype, t.shape,
+                                      scope=t.scope))
+    cast = Op(graph.fresh_name(f"{t.name}_cast_{short(dtype)}"), "Cast", [t.name], [out.name], scope=t.scope,
+              attrs={"to": dtype}, canonical="cast", op_class="clear", input_roles=[ANY],
+              output_roles=[FIXED], precision=dtype, inserted=True,
+              reason=f"cast {short(t.dtype)}->{short(dtype)} of {t.name}")
+    return out, cast
+
+
+def _anchor(graph: PrecisionGraph, t: Tensor) -> str | None:
+    """Insert after the producer; tensors without one (inputs) at the start of their scope."""
+    return t.producer if t.producer else f"scope:{t.scope}"
+
+
+def _place(graph: PrecisionGraph, new_ops: dict) -> None:
+    if not new_ops:
+        return
+    ordered: dict[str, Op] = {}
+    started: set[str] = set()
+    for name, op in graph.ops.items():
+        if op.scope not in started:
+            started.add(op.scope)
+            for cast in new_ops.pop(f"scope:{op.scope}", []):
+                ordered[cast.name] = cast
+        ordered[name] = op
+        for cast in new_ops.pop(name, []):
+            ordered[cast.name] = cast
+    for casts in new_ops.values():  # scopes without ops of their own (an empty subgraph body)
+        for cast in casts:
+            ordered[cast.name] = cast
+    new_names = [n for n in ordered if n not in graph.ops]
+    graph.ops = ordered
+    for name in new_names:
+        graph._link(ordered[name])
+
+
+def _is_cast(op: Op) -> bool:
+    return op.canonical == "cast" and len(op.inputs) >= 1 and bool(op.inputs[0])
+
+
+def _eliminate_casts(graph: PrecisionGraph) -> int:
+    removed = 0
+    outputs = {t.name for t in graph.tensors.values() if t.is_graph_output}
+    for name in list(graph.ops):
+        op = graph.ops.get(name)
+        if op is None or not _is_cast(op) or op.op_type not in ("Cast", "aten._to_copy.default"):
+            continue
+        src = graph.tensors[op.inputs[0]]
+        out = graph.tensors[op.outputs[0]]
+        # 5. read through a lossless widening cast
+        prev = graph.producer(src.name)
+        if prev is not None and _is_cast(prev) and prev.op_type == op.op_type:
+            first_in = graph.tensors[prev.inputs[0]]
+            if _lossless(first_in.dtype, src.dtype):
+                graph.set_input(op.name, 0, first_in.name)
+                src = first_in
+        # 4. identity cast
+        if src.dtype == out.dtype and out.name not in outputs:
+            _bypass(graph, op, src)
+            removed += 1
+    removed += _merge_siblings(graph, outputs)
+    removed += _drop_dead_casts(graph, outputs)
+    return removed
+
+
+def _lossless(src: str | None, mid: str | None) -> bool:
+    return is_float(src) and is_float(mid) and itemsize(mid) > itemsize(src) and mid != "bfloat16"
+
+
+def _bypass(graph: PrecisionGraph, op: Op, src: Tensor) -> None:
+    out = op.outputs[0]
+    for cname, port in list(graph.tensors[out].consumers):
+        graph.set_input(cname, port, src.name)
+    graph.remove_op(op.name)
+
+
+def _merge_siblings(graph: PrecisionGraph, outputs: set[str]) -> int:
+    merged = 0
+    for t in list(graph.tensors.values()):
+        seen: dict[str, Op] = {}
+        for cname, port in list(t.consumers):
+            op = graph.ops.get(cname)
+            if op is None or not _is_cast(op) or port != 0 or op.op_type != "Cast":
+                continue
+            dtype = graph.tensors[op.outputs[0]].dtype
+            keep = seen.get(dtype)
+            if keep is None:
+                seen[dtype] = op
+            elif op.outputs[0] not in outputs and op.scope == keep.scope:
+                for c2, p2 in list(graph.tensors[op.outputs[0]].consumers):
+                    graph.set_input(c2, p2, keep.outputs[0])
+                graph.remove_op(op.name)
+                merged += 1
+    return merged
+
+
+def _drop_dead_casts(graph: PrecisionGraph, outputs: set[str]) -> int:
+    dropped = 0
+    for name in reversed(list(graph.ops)):
+        op = graph.ops[name]
+        if _is_cast(op) and op.inserted and not graph.tensors[op.outputs[0]].consumers \
+                and op.outputs[0] not in outputs:
+            graph.remove_op(name)
+            dropped += 1
+    return dropped
+
+
+__all__ = ["CastPass"]

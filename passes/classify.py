@@ -1,0 +1,112 @@
+"""Classify: give every op its class and every port its role.
+
+Rewrite cases:
+
+1. An op the registry knows gets the registry's class (allow/infer/clear/deny);
+   an op it does not know gets class ``unknown`` and stays FP32.
+2. User overrides win over the registry: ``ctx.allow`` / ``ctx.deny`` name op types
+   or canonical ops, ``ctx.deny_nodes`` names single ops.
+3. Port groups (from the importer: ONNX schemas or aten schemas) become roles:
+   a group with an output or with two or more ports is a ``unit`` group (it takes the
+   op's precision); a single input alone in its group accepts ``any`` float dtype; a
+   port whose schema type is one concrete dtype, or whose group cannot take both FP32
+   and the low dtype, is ``fixed``; non-float ports are ``other``.
+4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``.
+5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
+   planned on their own, with casts at the subgraph boundary.
+6. Attribute-dependent numerics: LayerNormalization with ``stash_type=0`` computes
+   its statistics in the input dtype, so it is ``deny``.
+7. An op whose schema (at the model's opset) does not accept the low dtype for its
+   unit ports is marked ``forbid_low`` with that reason.
+"""
+
+from __future__ import annotations
+
+from amp_compiler.dtypes import FLOAT32, short
+from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
+from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, UNKNOWN, OpDef
+
+from .base import Pass, PassResult, PlanContext
+
+_CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
+
+
+class ClassifyPass(Pass):
+    name = "classify"
+
+    def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        registry = ctx.registry or DEFAULT_REGISTRY
+        counts: dict[str, int] = {}
+        for op in graph.ops.values():
+            if op.inserted:
+                continue
+            row = registry.by_canonical.get(op.canonical) if op.canonical else None
+            op.op_class, op.reason = _class_of(op, row, ctx)
+            op.tensor_core = bool(row and row.tensor_core)
+            _assign_roles(graph, op, row, ctx)
+            counts[op.op_class] = counts.get(op.op_class, 0) + 1
+        details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts))
+        return PassResult(graph, True, details)
+
+
+def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
+    names = {op.op_type, op.canonical or "", f"{op.domain}::{op.op_type}" if op.domain else op.op_type}
+    if op.name in ctx.deny_nodes:
+        return DENY, "deny: node named by the user (--deny-node)"
+    if names & ctx.deny:
+        return DENY, "deny: op type named by the user (--deny)"
+    if names & ctx.allow:
+        return ALLOW, "allow: op type named by the user (--allow)"
+    if row is None:
+        domain = f"{op.domain}::" if op.domain else ""
+        return UNKNOWN, f"unknown op {domain}{op.op_type}: not in the registry, kept FP32"
+    if row.canonical == "layer_norm" and op.attrs.get("stash_type", 1) == 0:
+        return DENY, "deny: stash_type=0 computes the statistics in the input dtype"
+    note = f": {row.note}" if row.note else ""
+    return row.op_class, f"{row.op_class}{note}"
+
+
+def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext) -> None:
+    def dtype_in(port: int) -> str | None:
+        name = op.inputs[port] if port < len(op.inputs) else ""
+        return graph.tensors[name].dtype if name else None
+
+    def dtype_out(port: int) -> str | None:
+        name = op.outputs[port] if port < len(op.outputs) else ""
+        return graph.tensors[name].dtype if name else None
+
+    in_roles = [OTHER] * len(op.inputs)
+    out_roles = [OTHER] * len(op.outputs)
+    control_flow = row is not None and row.canonical == "control_flow"
+    for group in op.port_groups:
+        floats_in = [i for i in group.inputs if dtype_in(i) in _CONVERTIBLE]
+        floats_out = [o for o in group.outputs if dtype_out(o) in _CONVERTIBLE]
+        if not floats_in and not floats_out:
+            continue
+        can_switch = FLOAT32 in group.allowed and ctx.low_dtype in group.allowed
+        if control_flow or group.fixed_type or row is None:
+            role = FIXED
+        elif not group.outputs and len(group.inputs) == 1:
+            role = ANY if can_switch else FIXED
+        else:
+            role = UNIT
+            if not can_switch and op.forbid_low is None:
+                op.forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
+                                 f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
+        for i in floats_in:
+            in_roles[i] = role
+        for o in floats_out:
+            out_roles[o] = role
+    if not op.port_groups:
+        # No schema (e.g. com.microsoft ops): float ports of a known op share one unit.
+        default = UNIT if row is not None and not control_flow else FIXED
+        in_roles = [default if dtype_in(i) in _CONVERTIBLE else OTHER for i in range(len(op.inputs))]
+        out_roles = [default if dtype_out(o) in _CONVERTIBLE else OTHER for o in range(len(op.outputs))]
+    if row is not None:  # registry FP32-only ports
+        for i in row.fp32_inputs:
+            if i < len(in_roles) and in_roles[i] != OTHER:
+                in_roles[i] = FIXED
+        for o in row.fp32_outputs:
+            if o < len(out_roles) and out_roles[o] != OTHER:
+                out_roles[o] = FIXED
+    op.input_roles, op.output_roles = in_roles, out_roles

@@ -1,0 +1,196 @@
+"""Convert: choose FP32 or the low dtype for every precision unit in the eligible region.
+
+Rewrite cases:
+
+1. ``planner="optimal"``: the plan minimises predicted time *including casts*
+   exactly, by an s-t minimum cut (binary labelling, submodular energy). Source side
+   is FP32, sink side the low dtype. Unary terms: edge s->u costs the unit's low-
+   precision time, u->t its FP32 time. A tensor's cast is charged once per producer
+   output with two auxiliary nodes: ``a`` pays when the producer is FP32 and some
+   consumer low (p->a, a->c = inf), ``b`` when the producer is low and some consumer
+   FP32 (b->p, c->b = inf). Fixed endpoints tie auxiliary nodes to s or t.
+2. ``planner="greedy"``: the TF Grappler-style painter, kept as a baseline: allow ops
+   go low, infer/clear ops go low when they lie between low ops (reachable forward
+   from one and backward from another), then clear ops next to low ops follow.
+3. Outside the eligible region every op with float data is FP32; ops without float
+   data get no precision.
+4. Every op records why: the rule that fixed it, or the cost-model numbers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import networkx as nx
+
+from amp_compiler.dtypes import FLOAT32, short
+from amp_compiler.ir import UNIT, PrecisionGraph, PrecisionUnit
+from amp_compiler.registry import ALLOW, CLEAR
+
+from .base import Pass, PassResult, PlanContext
+from .costs import OpTimer, PlanEnergy, build_energy
+
+_SOURCE, _SINK = "__s__", "__t__"
+
+
+class ConvertPass(Pass):
+    name = "convert"
+
+    def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        timer = OpTimer(graph, ctx)
+        energy = build_energy(graph, ctx, timer)
+        if ctx.planner == "greedy":
+            plan = solve_greedy(graph, energy)
+        elif ctx.planner == "optimal":
+            plan = solve_mincut(energy)
+        else:
+            raise ValueError(f"unknown planner {ctx.planner!r}: use 'optimal' or 'greedy'")
+        _apply(graph, ctx, energy, plan)
+        mixed, n_casts, cast_s = energy.total(plan)
+        all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
+        graph.meta["prediction"] = {
+            "predicted_time_fp32_s": all_fp32,
+            "predicted_time_mixed_s": mixed,
+            "predicted_time_all_low_s": predict_all_low(graph, ctx, timer),
+            "predicted_casts": n_casts,
+            "predicted_cast_time_s": cast_s,
+        }
+        graph.meta["timer"] = timer
+        n_low = sum(plan.values())
+        return PassResult(graph, True, f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
+                                       f"({ctx.planner}), {n_casts} casts planned")
+
+
+def solve_mincut(energy: PlanEnergy) -> dict[int, int]:
+    """Exact minimum of the plan energy by one s-t minimum cut."""
+    if not energy.unit_ops:
+        return {}
+    scale = 1e9  # seconds -> ns: keeps capacities in a comfortable float range
+    big = scale * (sum(energy.time_fp32.values()) + sum(energy.time_low.values())
+                   + sum(t.cast_cost for t in energy.terms) + 1.0) * 10
+    g = nx.DiGraph()
+
+    def add(a, b, cap: float) -> None:
+        if cap <= 0:
+            return
+        if g.has_edge(a, b):
+            g[a][b]["capacity"] += cap
+        else:
+            g.add_edge(a, b, capacity=cap)
+
+    for u in energy.unit_ops:
+        add(_SOURCE, u, energy.time_low[u] * scale)
+        add(u, _SINK, energy.time_fp32[u] * scale)
+    for i, term in enumerate(energy.terms):
+        c = term.cast_cost * scale
+        a, b = ("a", i), ("b", i)
+        kind, p = term.producer
+        # a: producer FP32 and some consumer low
+        if kind == "var":
+            add(p, a, c)
+        elif p == 0:
+            add(_SOURCE, a, c)
+        # b: producer low and some consumer FP32
+        if kind == "var":
+            add(b, p, c)
+        elif p == 1:
+            add(b, _SINK, c)
+        for ckind, cv in term.consumers:
+            if ckind == "var":
+                add(a, cv, big)
+                add(cv, b, big)
+            elif cv == 1:
+                add(a, _SINK, big)  # a consumer fixed low: a must take the low side
+            else:
+                add(_SOURCE, b, big)  # a consumer fixed FP32: b must take the FP32 side
+    g.add_node(_SOURCE)
+    g.add_node(_SINK)
+    _, (source_side, _) = nx.minimum_cut(g, _SOURCE, _SINK, capacity="capacity")
+    return {u: 0 if u in source_side else 1 for u in energy.unit_ops}
+
+
+def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
+    """TF Grappler-style painting of the eligible region (no cost model)."""
+    unit_of = {name: u for u, names in energy.unit_ops.items() for name in names}
+
+    def neighbours(name: str, forward: bool):
+        op = graph.ops[name]
+        if forward:
+            for port, out in enumerate(op.outputs):
+                if out and op.output_roles[port] == UNIT:
+                    for cname, cport in graph.tensors[out].consumers:
+                        if cname in unit_of and graph.ops[cname].input_roles[cport] == UNIT:
+                            yield cname
+        else:
+            for port, inp in enumerate(op.inputs):
+                if inp and op.input_roles[port] == UNIT:
+                    prod = graph.tensors[inp].producer
+                    if prod in unit_of:
+                        yield prod
+
+    def reach(starts: list[str], forward: bool) -> set[str]:
+        seen, queue = set(starts), deque(starts)
+        while queue:
+            for n in neighbours(queue.popleft(), forward):
+                if n not in seen:
+                    seen.add(n)
+                    queue.append(n)
+        return seen
+
+    allow = [n for n in unit_of if graph.ops[n].op_class == ALLOW]
+    low = set(allow) | (reach(allow, True) & reach(allow, False))
+    frontier = deque(low)
+    while frontier:  # clear ops follow their low neighbours, both directions
+        name = frontier.popleft()
+        for n in (*neighbours(name, True), *neighbours(name, False)):
+            if n not in low and graph.ops[n].op_class == CLEAR:
+                low.add(n)
+                frontier.append(n)
+    return {u: int(any(n in low for n in names)) for u, names in energy.unit_ops.items()}
+
+
+def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
+    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
+    saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
+    for op in graph.ops.values():
+        op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
+    energy = build_energy(graph, ctx, timer)
+    total = energy.total({u: 1 for u in energy.unit_ops})[0]
+    for name, (eligible, unit) in saved.items():
+        graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
+    return total
+
+
+def _fmt_us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int]) -> None:
+    low = ctx.low_dtype
+    graph.units = {}
+    for u, names in energy.unit_ops.items():
+        precision = low if plan[u] else FLOAT32
+        t32, tlow = energy.time_fp32[u], energy.time_low[u]
+        d_op, d_cast = energy.flip_delta(u, plan)
+        op = graph.ops[names[0]]
+        if ctx.planner == "greedy":
+            why = "greedy painter: " + ("allow op or between low ops" if plan[u] else "not between low ops")
+        elif plan[u]:
+            why = (f"cost model: {_fmt_us(tlow)} in {short(low)} vs {_fmt_us(t32)} in fp32"
+                   + (f", FP32 would add {_fmt_us(d_cast)} of casts" if d_cast > 0 else ""))
+        else:
+            why = (f"kept FP32 by the cost model: {short(low)} would save {_fmt_us(max(-d_op, 0.0))} "
+                   f"of compute but add {_fmt_us(d_cast)} of casts" if d_cast > 0 else
+                   f"kept FP32 by the cost model: {_fmt_us(t32)} in fp32 vs {_fmt_us(tlow)} in {short(low)}")
+        reason = f"{op.op_class}: {why}"
+        graph.units[u] = PrecisionUnit(u, list(names), precision, reason, t32, tlow)
+        for name in names:
+            graph.ops[name].precision = precision
+            graph.ops[name].reason = reason
+    for op in graph.ops.values():
+        if op.inserted:
+            continue
+        if op.unit is None:
+            op.precision = FLOAT32 if op.has_unit_ports else None
+            if not op.has_unit_ports and not op.reason.startswith(("deny", "unknown")):
+                op.reason = f"{op.op_class}: no float data"

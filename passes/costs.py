@@ -1,0 +1,189 @@
+"""The planning energy: per-unit op times and per-tensor cast costs, built once per graph.
+
+A *plan* gives each eligible unit 0 (FP32) or 1 (low dtype). Its predicted time is
+the sum of each op's time in its precision plus, for every float tensor whose
+consumers want another dtype than its producer gives, **one** cast (two dtypes: at
+most one cast per producer output). ``PlanEnergy`` evaluates any plan, so the
+min-cut planner, the greedy planner and the report's "all FP32" / "all low"
+predictions are measured with one ruler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from amp_compiler.dtypes import FLOAT32, is_float
+from amp_compiler.flops import alignment_dims, op_flops
+from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, Op, PrecisionGraph, Tensor
+from amp_compiler.registry import DEFAULT_REGISTRY
+from cost_model import Roofline
+
+from .base import PlanContext
+
+#: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
+Endpoint = tuple[str, int | None]
+
+
+@dataclass
+class TensorTerm:
+    tensor: str
+    cast_cost: float
+    producer: Endpoint
+    consumers: list[Endpoint]
+
+
+@dataclass
+class PlanEnergy:
+    """Unary times per unit and cast terms per tensor; see module docstring."""
+
+    low: str
+    unit_ops: dict[int, list[str]]
+    time_fp32: dict[int, float]
+    time_low: dict[int, float]
+    fixed_time: float  # ops outside the eligible region, at their fixed precision
+    terms: list[TensorTerm]
+    by_unit: dict[int, list[int]] = field(default_factory=dict)  # unit -> indices of terms touching it
+    forbidden_low: set[int] = field(default_factory=set)  # units that may not go low (all-low ruler)
+
+    def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
+        kind, v = end
+        if kind == "var":
+            return plan[v]
+        return v if kind == "fixed" else None
+
+    def term_cost(self, term: TensorTerm, plan: dict[int, int]) -> float:
+        src = self.value(term.producer, plan)
+        if src is None:
+            return 0.0  # constants are stored in whatever dtype their consumers want
+        for c in term.consumers:
+            v = self.value(c, plan)
+            if v is not None and v != src:
+                return term.cast_cost
+        return 0.0
+
+    def total(self, plan: dict[int, int]) -> tuple[float, int, float]:
+        """(predicted time, number of casts, cast seconds) of ``plan``."""
+        ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
+        casts = [self.term_cost(t, plan) for t in self.terms]
+        cast_time = sum(casts)
+        return ops + cast_time, sum(1 for c in casts if c), cast_time
+
+    def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
+        """(change in op time, change in cast time) if ``unit`` alone switched precision."""
+        flipped = dict(plan)
+        flipped[unit] = 1 - plan[unit]
+        d_op = (self.time_low[unit] - self.time_fp32[unit]) * (1 if flipped[unit] else -1)
+        d_cast = sum(self.term_cost(self.terms[i], flipped) - self.term_cost(self.terms[i], plan)
+                     for i in self.by_unit.get(unit, ()))
+        return d_op, d_cast
+
+
+class OpTimer:
+    """Predicted time of one op in a given precision (roofline or measured profile)."""
+
+    def __init__(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        self.graph = graph
+        self.roofline = Roofline(ctx.target, ctx.profile)
+        self.registry = ctx.registry or DEFAULT_REGISTRY
+        self._flops: dict[str, float] = {}
+
+    def flops(self, op: Op) -> float:
+        cached = self._flops.get(op.name)
+        if cached is None:
+            row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
+            cached = op_flops(op, self.graph, row.flops, row.flops_per_element) if row else 0.0
+            self._flops[op.name] = cached
+        return cached
+
+    def bytes(self, op: Op, dtype: str) -> float:
+        total = 0
+        for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
+            for name, role in zip(names, roles):
+                if name:
+                    t = self.graph.tensors[name]
+                    total += self.graph.nbytes(t, dtype if role == UNIT else t.dtype)
+        return float(total)
+
+    def aligned(self, op: Op) -> bool:
+        return all(d % 8 == 0 for d in alignment_dims(op, self.graph).values())
+
+    def time(self, op: Op, dtype: str) -> float:
+        if op.canonical == "cast" and op.inserted:
+            t = self.graph.tensors[op.inputs[0]]
+            return self.roofline.cast_time(self.graph.numel(t), t.dtype or FLOAT32, dtype)
+        return self.roofline.op_time(
+            flops=self.flops(op), bytes_moved=self.bytes(op, dtype), dtype=dtype,
+            tensor_core=op.tensor_core, aligned=self.aligned(op) if op.tensor_core else True,
+            key=self.profile_key(op))
+
+    def profile_key(self, op: Op) -> str:
+        shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
+        return f"{op.canonical}[{shapes}]"
+
+    def cast_time(self, t: Tensor, low: str) -> float:
+        return self.roofline.cast_time(self.graph.numel(t), FLOAT32, low)
+
+
+def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
+    """Collect units (one per eligible op), their times, and one cast term per float tensor."""
+    low = ctx.low_dtype
+    units: dict[str, int] = {}
+    energy = PlanEnergy(low, {}, {}, {}, 0.0, [])
+    for op in graph.ops.values():
+        if not op.has_unit_ports or op.inserted:
+            continue
+        if op.eligible:
+            uid = len(units)
+            units[op.name] = uid
+            op.unit = uid
+            energy.unit_ops[uid] = [op.name]
+            energy.time_fp32[uid] = timer.time(op, FLOAT32)
+            energy.time_low[uid] = timer.time(op, low)
+        else:
+            op.unit = None
+            energy.fixed_time += timer.time(op, FLOAT32)
+
+    def code(dtype: str | None) -> int:
+        return 1 if dtype == low else 0
+
+    def producer_end(t: Tensor) -> Endpoint:
+        if t.producer is not None:
+            op = graph.ops[t.producer]
+            role = op.output_roles[t.producer_port] if op.output_roles else FIXED
+            if role == UNIT:
+                return ("var", units[op.name]) if op.name in units else ("fixed", 0)
+            return ("fixed", code(t.dtype))
+        if t.kind == CONSTANT and not ctx.training:
+            return ("free", None)
+        if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
+            return ("free", None)
+        return ("fixed", code(t.dtype))
+
+    for t in graph.float_tensors():
+        if t.dtype not in (FLOAT32, low):
+            continue
+        ends: list[Endpoint] = []
+        for cname, port in t.consumers:
+            op = graph.ops[cname]
+            role = op.input_roles[port] if op.input_roles else FIXED
+            if role == UNIT:
+                ends.append(("var", units[cname]) if cname in units else ("fixed", 0))
+            elif role == FIXED:
+                ends.append(("fixed", code(t.dtype)))
+            elif role != ANY and is_float(t.dtype):
+                ends.append(("fixed", code(t.dtype)))
+        if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
+            ends.append(("fixed", code(t.dtype)))
+        prod = producer_end(t)
+        if not ends or prod[0] == "free":
+            continue
+        if prod[0] == "fixed" and all(e[0] == "fixed" for e in ends):
+            if any(e[1] != prod[1] for e in ends):
+                energy.fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
+            continue
+        idx = len(energy.terms)
+        energy.terms.append(TensorTerm(t.name, timer.cast_time(t, low), prod, ends))
+        for kind, v in [prod, *ends]:
+            if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
+                energy.by_unit[v].append(idx)
+    return energy

@@ -1,0 +1,110 @@
+"""Propagate: compute the region where the low dtype is allowed at all.
+
+Rewrite cases:
+
+1. Every op downstream of a tensor marked ``unscale_marker`` (gradients divided by
+   the loss scale), and the op producing it, is ineligible: the optimizer and the
+   master-weight update stay FP32.
+2. ``deny`` and ``unknown`` ops, ops without float data, and ops whose schema
+   forbids the low dtype (``forbid_low``) are ineligible.
+3. The remaining ops are linked wherever a float tensor flows from one's ``unit``
+   output into another's ``unit``/``any`` input; a connected group of them that
+   contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
+   no tensor-core op in reach stay FP32: converting them buys nothing.
+
+The convert pass chooses inside the eligible region; outside it every op is FP32.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from amp_compiler.ir import ANY, UNIT, PrecisionGraph
+from amp_compiler.registry import ALLOW, DENY, UNKNOWN
+
+from .base import Pass, PassResult, PlanContext
+
+AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
+NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
+
+
+class PropagatePass(Pass):
+    name = "propagate"
+
+    def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        after_unscale = _after_unscale(graph)
+        candidates = []
+        for op in graph.ops.values():
+            op.eligible = False
+            if op.inserted or not op.has_unit_ports:
+                continue
+            if op.name in after_unscale:
+                op.reason = AFTER_UNSCALE
+            elif op.op_class in (DENY, UNKNOWN):
+                pass  # classify already gave the reason
+            elif op.forbid_low:
+                op.reason = f"{op.op_class}: {op.forbid_low}"
+            elif (unsafe := _unsafe_constant(graph, op)) is not None:
+                op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
+            else:
+                candidates.append(op.name)
+        parent = {name: name for name in candidates}
+
+        def find(x: str) -> str:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for t in graph.float_tensors():
+            if t.producer not in parent:
+                continue
+            prod = graph.ops[t.producer]
+            if prod.output_roles[t.producer_port] != UNIT:
+                continue
+            for cons_name, port in t.consumers:
+                if cons_name in parent and graph.ops[cons_name].input_roles[port] in (UNIT, ANY):
+                    a, b = find(t.producer), find(cons_name)
+                    if a != b:
+                        parent[a] = b
+        seeded = {find(n) for n in candidates
+                  if graph.ops[n].op_class == ALLOW or n in ctx.force_low_nodes}
+        eligible = 0
+        for name in candidates:
+            op = graph.ops[name]
+            if find(name) in seeded:
+                op.eligible = True
+                eligible += 1
+            else:
+                op.reason = f"{op.op_class}: {NOT_CONNECTED}"
+        details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
+        if after_unscale:
+            details += f", {len(after_unscale)} after unscale markers"
+        return PassResult(graph, True, details)
+
+
+def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
+    for port, name in enumerate(op.inputs):
+        if name and op.input_roles[port] == UNIT and graph.tensors[name].low_unsafe:
+            return graph.tensors[name].low_unsafe
+    return None
+
+
+def _after_unscale(graph: PrecisionGraph) -> set[str]:
+    """Names of ops that produce or (transitively) consume a tensor marked as unscaled."""
+    seen: set[str] = set()
+    queue: deque[str] = deque()
+    for t in graph.tensors.values():
+        if t.unscale_marker:
+            if t.producer:
+                seen.add(t.producer)
+            queue.extend(c for c, _ in t.consumers)
+    while queue:
+        name = queue.popleft()
+        if name in seen:
+            continue
+        seen.add(name)
+        for out in graph.ops[name].outputs:
+            if out:
+                queue.extend(c for c, _ in graph.tensors[out].consumers)
+    return seen
