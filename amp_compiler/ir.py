@@ -106,6 +106,8 @@ class Op:
     output_roles: list[str] = field(default_factory=list)
     #: registry facts the cost model and reports read
     tensor_core: bool = False
+    #: the dtype the op's unit ports had in the source model
+    source_dtype: str | None = None
     #: set by passes
     eligible: bool = False
     precision: str | None = None  # float32 / float16 / bfloat16; None = no float data

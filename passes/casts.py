@@ -8,16 +8,17 @@ Rewrite cases:
    inserted right after the producer (in the producer's scope, so consumers inside
    subgraphs see it too) and those consumers read it: sibling casts are merged by
    construction.
-3. Constants are never cast at run time in inference: the cast is folded into a new
-   constant (one stored copy per dtype in use; a constant read in FP16 and FP32 gets
-   two copies, never a dtype mismatch). In training (``ctx.training``) parameters are
-   FP32 master weights and get a run-time cast.
+3. Constants are never cast at run time: the cast is folded into a new constant (one
+   stored copy per dtype in use; a constant read in FP16 and FP32 gets two copies,
+   never a dtype mismatch). Parameters (training graphs: FP32 master weights) get a
+   run-time cast instead, which the convert pass has charged for every step.
 4. An existing ``Cast`` whose input already has its target dtype is removed.
 5. A chain ``Cast(widen) -> Cast`` reads the first cast's input directly when the
    first cast is lossless (FP16->FP32->FP16 is an identity). A narrowing first cast
    (FP32->FP16->FP32) rounds and can overflow, so that pair is kept.
 6. Existing sibling casts of one tensor to one dtype are merged.
-7. Casts left without consumers are removed (never one that writes a graph output).
+7. Casts left without consumers by these rewrites are removed (never one that writes
+   a graph output).
 Casts end up on the smaller side of data-movement ops because the convert pass
 charges each cast by the bytes of the tensor it converts.
 """
@@ -99,7 +100,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
         for dtype, ports in want.items():
             if dtype == t.dtype or dtype is None:
                 continue
-            if t.kind == CONSTANT and not (ctx.training and t.name in graph.meta.get("parameters", ())):
+            if t.kind == CONSTANT:
                 new = _fold_constant(graph, t, dtype)
                 folded += 1
             else:
@@ -189,6 +190,9 @@ def _eliminate_casts(graph: PrecisionGraph) -> int:
             first_in = graph.tensors[prev.inputs[0]]
             if _lossless(first_in.dtype, src.dtype):
                 graph.set_input(op.name, 0, first_in.name)
+                if not src.consumers and src.name not in outputs:  # the widening cast is now dead
+                    graph.remove_op(prev.name)
+                    removed += 1
                 src = first_in
         # 4. identity cast
         if src.dtype == out.dtype and out.name not in outputs:

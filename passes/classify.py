@@ -14,9 +14,10 @@ Rewrite cases:
 4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``.
 5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
    planned on their own, with casts at the subgraph boundary.
-6. Attribute-dependent numerics: LayerNormalization with ``stash_type=0`` computes
+6. Each op records the dtype its unit ports had in the source (``source_dtype``).
+7. Attribute-dependent numerics: LayerNormalization with ``stash_type=0`` computes
    its statistics in the input dtype, so it is ``deny``.
-7. An op whose schema (at the model's opset) does not accept the low dtype for its
+8. An op whose schema (at the model's opset) does not accept the low dtype for its
    unit ports is marked ``forbid_low`` with that reason.
 """
 
@@ -110,3 +111,6 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
             if o < len(out_roles) and out_roles[o] != OTHER:
                 out_roles[o] = FIXED
     op.input_roles, op.output_roles = in_roles, out_roles
+    unit_dtypes = [dtype_out(o) for o, r in enumerate(out_roles) if r == UNIT] + \
+                  [dtype_in(i) for i, r in enumerate(in_roles) if r == UNIT]
+    op.source_dtype = unit_dtypes[0] if unit_dtypes else None

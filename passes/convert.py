@@ -12,8 +12,8 @@ Rewrite cases:
 2. ``planner="greedy"``: the TF Grappler-style painter, kept as a baseline: allow ops
    go low, infer/clear ops go low when they lie between low ops (reachable forward
    from one and backward from another), then clear ops next to low ops follow.
-3. Outside the eligible region every op with float data is FP32; ops without float
-   data get no precision.
+3. Outside the eligible region ops keep the precision the propagate pass gave them;
+   ops without float data get no precision.
 4. Every op records why: the rule that fixed it, or the cost-model numbers.
 """
 
@@ -188,9 +188,7 @@ def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: di
             graph.ops[name].precision = precision
             graph.ops[name].reason = reason
     for op in graph.ops.values():
-        if op.inserted:
-            continue
-        if op.unit is None:
-            op.precision = FLOAT32 if op.has_unit_ports else None
-            if not op.has_unit_ports and not op.reason.startswith(("deny", "unknown")):
+        if not op.inserted and not op.has_unit_ports:
+            op.precision = None
+            if not op.reason.startswith(("deny", "unknown")):
                 op.reason = f"{op.op_class}: no float data"

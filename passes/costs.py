@@ -141,7 +141,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.time_low[uid] = timer.time(op, low)
         else:
             op.unit = None
-            energy.fixed_time += timer.time(op, FLOAT32)
+            energy.fixed_time += timer.time(op, op.precision or FLOAT32)
 
     def code(dtype: str | None) -> int:
         return 1 if dtype == low else 0
@@ -151,9 +151,9 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             op = graph.ops[t.producer]
             role = op.output_roles[t.producer_port] if op.output_roles else FIXED
             if role == UNIT:
-                return ("var", units[op.name]) if op.name in units else ("fixed", 0)
+                return ("var", units[op.name]) if op.name in units else ("fixed", code(op.precision))
             return ("fixed", code(t.dtype))
-        if t.kind == CONSTANT and not ctx.training:
+        if t.kind == CONSTANT:  # stored in whatever dtype its consumers want (PARAMETERs are not)
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
             return ("free", None)
@@ -167,7 +167,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             op = graph.ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
-                ends.append(("var", units[cname]) if cname in units else ("fixed", 0))
+                ends.append(("var", units[cname]) if cname in units else ("fixed", code(op.precision)))
             elif role == FIXED:
                 ends.append(("fixed", code(t.dtype)))
             elif role != ANY and is_float(t.dtype):

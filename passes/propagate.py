@@ -12,13 +12,16 @@ Rewrite cases:
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
    no tensor-core op in reach stay FP32: converting them buys nothing.
 
-The convert pass chooses inside the eligible region; outside it every op is FP32.
+The convert pass chooses inside the eligible region. Outside it, ops that are
+unsafe in the low dtype (cases 1-2) run in FP32; ops merely out of reach keep the
+dtype they had in the source (a partly-FP16 model keeps its FP16 parts).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from amp_compiler.dtypes import FLOAT32
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, DENY, UNKNOWN
 
@@ -38,6 +41,7 @@ class PropagatePass(Pass):
             op.eligible = False
             if op.inserted or not op.has_unit_ports:
                 continue
+            op.precision = FLOAT32
             if op.name in after_unscale:
                 op.reason = AFTER_UNSCALE
             elif op.op_class in (DENY, UNKNOWN):
@@ -47,6 +51,7 @@ class PropagatePass(Pass):
             elif (unsafe := _unsafe_constant(graph, op)) is not None:
                 op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
             else:
+                op.precision = None
                 candidates.append(op.name)
         parent = {name: name for name in candidates}
 
@@ -76,7 +81,10 @@ class PropagatePass(Pass):
                 op.eligible = True
                 eligible += 1
             else:
+                op.precision = op.source_dtype
                 op.reason = f"{op.op_class}: {NOT_CONNECTED}"
+                if op.source_dtype != FLOAT32:
+                    op.reason += f"; keeps its source dtype {op.source_dtype}"
         details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
         if after_unscale:
             details += f", {len(after_unscale)} after unscale markers"

@@ -62,6 +62,19 @@ def test_small_model_exports_checks_and_matches_torch(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", zoo.MODEL_NAMES)
+def test_small_model_torch_exports(name: str) -> None:
+    """The same wrapper serves torch.export (the FX path): positional tensors in, logits out."""
+    model, args = zoo.build_torch_model(name, "small")
+    assert not model.training
+    with torch.no_grad():
+        ref = model(*args)
+        program = torch.export.export(model, args)
+        got = program.module()(*args)
+    assert isinstance(ref, torch.Tensor) and ref.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=RTOL, atol=RTOL * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("name", zoo.MODEL_NAMES)
 def test_export_cache_returns_same_file_without_rewriting(name: str) -> None:
     first = zoo.export_onnx(name, "small")
     mtime = first.stat().st_mtime_ns

@@ -87,34 +87,33 @@ def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[
 
 
 def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
+    """Add folded constants, drop initializers nobody reads any more; others are left as they are."""
     graph = imp.graph
     used = {name for op in graph.ops.values() for name in op.inputs if name}
     used |= {t.name for t in graph.tensors.values() if t.is_graph_output}
-    keep = []
-    changed = False
-    for init in g.initializer:
-        t = graph.tensors.get(init.name)
-        if init.name in used or (t is not None and t.kind != "constant") or _is_declared_input(g, init.name):
-            keep.append(init)
-        else:
-            changed = True
+    declared = {i.name for i in g.input}
+    unused = [i for i, init in enumerate(g.initializer) if init.name not in used and init.name not in declared]
     for t in graph.tensors.values():
         if t.folded_from and t.scope == scope and t.name in used and t.name not in imp.initializers:
             source = imp.initializers[t.folded_from]
-            keep.append(numpy_helper.from_array(to_dtype(_array(source, imp), t.dtype), t.name))
-            imp.initializers[t.name] = keep[-1]
-            changed = True
-    if changed:
-        copies = []
-        for init in keep:
-            c = TensorProto()
-            c.CopyFrom(init)
-            copies.append(c)
-        del g.initializer[:]
-        g.initializer.extend(copies)
+            new = g.initializer.add()
+            _fill_tensor(new, t.name, to_dtype(_array(source, imp), t.dtype))
+            imp.initializers[t.name] = new
+    for i in reversed(unused):
+        del g.initializer[i]
+
+
+def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:
+    proto.name = name
+    proto.data_type = dtype_to_onnx("bfloat16" if values.dtype == getattr(ml_dtypes, "bfloat16", None)
+                                    else str(values.dtype))
+    proto.dims.extend(values.shape)
+    proto.raw_data = np.ascontiguousarray(values).tobytes()
 
 
 def _array(init: TensorProto, imp: OnnxImport) -> np.ndarray:
+    if init.data_type == TensorProto.FLOAT and init.raw_data and init.data_location != TensorProto.EXTERNAL:
+        return np.frombuffer(init.raw_data, dtype=np.float32).reshape(tuple(init.dims))  # no copy
     base = imp.graph.meta.get("base_dir")
     return numpy_helper.to_array(init, base_dir=base) if base else numpy_helper.to_array(init)
 

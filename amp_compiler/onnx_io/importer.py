@@ -236,17 +236,19 @@ def _check_range(tensor: Tensor, init: TensorProto, source: str) -> None:
     values = _float_values(init)
     if values is None or values.size == 0:
         return
-    mags = np.abs(values)
-    finite = np.isfinite(mags)
-    big = float(mags[finite].max()) if finite.any() else 0.0
-    if big > FP16_MAX:
+    with np.errstate(invalid="ignore"):
+        big = max(abs(float(np.nanmin(values))), abs(float(np.nanmax(values))))
+    if big > FP16_MAX and np.isfinite(big):
         tensor.low_unsafe = f"initializer {init.name} has values beyond the FP16 range (max |w| = {big:.3g})"
         return
-    nonzero = mags > 0
-    tiny = np.count_nonzero(nonzero & (mags < FP16_TINY))
-    if tiny and tiny * 100 >= np.count_nonzero(nonzero):
-        tensor.low_unsafe = (f"initializer {init.name}: {tiny} nonzero values are below the smallest FP16 "
-                             f"subnormal and would flush to zero")
+    below = np.count_nonzero(np.abs(values) < FP16_TINY)
+    if not below:
+        return
+    zeros = np.count_nonzero(values == 0)
+    tiny, nonzero = below - zeros, values.size - zeros
+    if tiny and tiny * 100 >= nonzero:
+        tensor.low_unsafe = (f"initializer {init.name}: {tiny} of {nonzero} nonzero values are below the "
+                             f"smallest FP16 subnormal and would flush to zero")
 
 
 def _float_values(init: TensorProto) -> np.ndarray | None:

@@ -1,0 +1,1 @@
+"""ONNX importer, emitter and file handling."""

@@ -1,0 +1,328 @@
+"""The passes on hand-built graphs: what they must change, and what they must leave alone."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler import convert_onnx
+from amp_compiler.ir import ANY, FIXED, PARAMETER, UNIT
+from passes.convert import solve_mincut
+from passes.costs import OpTimer, build_energy
+
+from .builders import elem_type, fin, model, nodes_of, plan, run, weight
+
+F16, F32 = TensorProto.FLOAT16, TensorProto.FLOAT
+
+
+def _mlp(n=512, d=1024):
+    """x -> MatMul -> Add -> Relu -> MatMul -> ReduceSum: GEMMs big enough that FP16 pays."""
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+             helper.make_node("Add", ["h", "b"], ["hb"], name="add"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "W2"], ["o"], name="mm2"),
+             helper.make_node("ReduceSum", ["o"], ["y"], name="sum", keepdims=1)]
+    return model(nodes, [fin("x", n, d)], [fin("y", 1, 1)], [weight("W1", d, d), weight("b", d), weight("W2", d, d)])
+
+
+def test_mlp_gemms_go_low_and_reduction_stays_fp32():
+    m = _mlp()
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["mm1"]["precision"] == ops["mm2"]["precision"] == "float16"
+    assert ops["sum"]["precision"] == "float32" and ops["sum"]["reason"].startswith("deny")
+    assert report.summary["fp16_gemm_flop_fraction"] == 1.0
+    x = np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32)
+    ref, got = run(m, {"x": x})[0], run(out, {"x": x})[0]
+    assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+    # graph input and output keep FP32 (keep_io_types), weights are stored once in FP16
+    assert out.graph.input[0].type.tensor_type.elem_type == F32
+    assert out.graph.output[0].type.tensor_type.elem_type == F32
+    assert {i.name: i.data_type for i in out.graph.initializer} == {"W1_fp16": F16, "b_fp16": F16, "W2_fp16": F16}
+
+
+def test_input_model_is_not_modified():
+    m = _mlp(64, 256)
+    before = m.SerializeToString()
+    convert_onnx(m)
+    assert m.SerializeToString() == before
+
+
+def test_fp32_fp16_fp32_cast_pair_is_kept():
+    # The pair rounds (and overflows above 65504): removing it would change results.
+    nodes = [helper.make_node("Cast", ["x"], ["h"], name="down", to=F16),
+             helper.make_node("Cast", ["h"], ["u"], name="up", to=F32),
+             helper.make_node("Relu", ["u"], ["y"], name="relu")]
+    m = model(nodes, [fin("x", 4)], [fin("y", 4)])
+    out, _ = convert_onnx(m)
+    assert [n.name for n in nodes_of(out, "Cast")] == ["down", "up"]
+    x = np.array([70000.0, 1.0001, -3.0, 0.1], dtype=np.float32)
+    np.testing.assert_array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
+    assert np.isinf(run(out, {"x": x})[0][0])
+
+
+def test_fp16_fp32_fp16_cast_pair_is_removed():
+    nodes = [helper.make_node("Cast", ["x"], ["u"], name="up", to=F32),
+             helper.make_node("Cast", ["u"], ["h"], name="down", to=F16),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    m = model(nodes, [fin("x", 4, dtype=F16)], [fin("y", 4, dtype=F16)])
+    out, report = convert_onnx(m)
+    assert nodes_of(out, "Cast") == []  # an exact identity: both casts go
+    assert "2 casts removed" in report.passes[3]["details"]
+    x = np.array([1.5, -2.0, 0.0, 65504.0], dtype=np.float16)
+    np.testing.assert_array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
+
+
+def test_shared_initializer_gets_one_copy_per_dtype():
+    d = 1024
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("MatMul", ["h", "W"], ["h2"], name="mm2"),
+             helper.make_node("ReduceSum", ["W"], ["wsum"], name="wsum", keepdims=1),
+             helper.make_node("Mul", ["h2", "wsum"], ["y"], name="scale_by_wsum")]
+    m = model(nodes, [fin("x", 256, d)], [fin("y", 256, d)], [weight("W", d, d)])
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    stored = {i.name: i.data_type for i in out.graph.initializer}
+    assert stored == {"W": F32, "W_fp16": F16}
+    assert [n.input[0] for n in out.graph.node if n.name == "wsum"] == ["W"]
+    assert {n.input[1] for n in out.graph.node if n.op_type == "MatMul"} == {"W_fp16"}
+    x = np.random.default_rng(0).standard_normal((256, d)).astype(np.float32)
+    ref, got = run(m, {"x": x})[0], run(out, {"x": x})[0]
+    assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+
+
+def test_resize_scales_stay_fp32():
+    c = 64
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c1", "", "scales"], ["up"], name="resize", mode="nearest"),
+             helper.make_node("Conv", ["up", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    m = model(nodes, [fin("x", 8, c, 64, 64)], [fin("y", 8, c, 128, 128)],
+              [weight("W1", c, c, 3, 3), weight("W2", c, c, 3, 3), scales])
+    graph, _ = plan(m)
+    resize = graph.ops["resize"]
+    assert resize.input_roles[0] == UNIT and resize.input_roles[2] == FIXED
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    assert {o["name"]: o["precision"] for o in report.ops}["resize"] == "float16"
+    assert elem_type(out, "scales") == F32
+    x = np.random.default_rng(0).standard_normal((8, c, 64, 64)).astype(np.float32)
+    ref, got = run(m, {"x": x})[0], run(out, {"x": x})[0]
+    assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+
+
+def _if_model(d=1024):
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "W1"], ["t_out"], name="then_mm")], "then",
+                               [], [fin("t_out", 2048, d)])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "W2"], ["e_mm"], name="else_mm"),
+                                helper.make_node("Relu", ["e_mm"], ["e_out"], name="else_relu")], "else",
+                               [], [fin("e_out", 2048, d)])
+    nodes = [helper.make_node("If", ["cond"], ["z"], name="branch", then_branch=then_g, else_branch=else_g),
+             helper.make_node("MatMul", ["z", "W1"], ["y"], name="after")]
+    return model(nodes, [fin("cond", dtype=TensorProto.BOOL), fin("x", 2048, d)], [fin("y", 2048, d)],
+                 [weight("W1", d, d), weight("W2", d, d)])
+
+
+def test_if_branches_are_converted_consistently():
+    m = _if_model()
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    precision = {o["name"]: o["precision"] for o in report.ops}
+    assert precision["branch.then_branch/then_mm"] == precision["branch.else_branch/else_mm"] == "float16"
+    assert precision["after"] == "float16"
+    if_node = nodes_of(out, "If")[0]
+    branches = {a.name: a.g for a in if_node.attribute}
+    # both branches hand back FP32, so the If output has one dtype whichever branch runs
+    for g in branches.values():
+        assert g.output[0].type.tensor_type.elem_type == F32
+        assert any(n.op_type == "Cast" and n.attribute[0].i == F32 for n in g.node)
+    x = np.random.default_rng(0).standard_normal((2048, 1024)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"cond": np.array(cond), "x": x}
+        ref, got = run(m, feeds)[0], run(out, feeds)[0]
+        assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+
+
+def _tiny_gemm_between_deny_ops():
+    """A GEMM too small to gain from FP16, between ops that must stay FP32."""
+    nodes = [helper.make_node("Exp", ["x"], ["e"], name="exp"),
+             helper.make_node("MatMul", ["e", "W"], ["h"], name="tiny_mm"),
+             helper.make_node("Log", ["h"], ["y"], name="log")]
+    return model(nodes, [fin("x", 4096, 8)], [fin("y", 4096, 8)], [weight("W", 8, 8)])
+
+
+def test_min_cut_pays_fewer_casts_than_greedy():
+    m = _tiny_gemm_between_deny_ops()
+    _, optimal = plan(m, planner="optimal")
+    _, greedy = plan(m, planner="greedy")
+    assert greedy.summary["casts"] == 2 and optimal.summary["casts"] == 0
+    assert optimal.summary["predicted_time_mixed_s"] < greedy.summary["predicted_time_mixed_s"]
+    tiny = {o["name"]: o for o in optimal.ops}["tiny_mm"]
+    assert tiny["precision"] == "float32" and "kept FP32 by the cost model" in tiny["reason"]
+
+
+def _random_dag(seed: int, n_ops: int = 9):
+    rng = np.random.default_rng(seed)
+    names, nodes, inits = ["x"], [], []
+    for i in range(n_ops):
+        kind = rng.choice(["MatMul", "Add", "Relu", "ReduceSum", "Transpose"])
+        a = names[rng.integers(len(names))]
+        out = f"t{i}"
+        if kind == "MatMul":
+            inits.append(weight(f"w{i}", 256, 256))
+            nodes.append(helper.make_node("MatMul", [a, f"w{i}"], [out], name=f"n{i}"))
+        elif kind == "Add":
+            b = names[rng.integers(len(names))]
+            nodes.append(helper.make_node("Add", [a, b], [out], name=f"n{i}"))
+        elif kind == "ReduceSum":
+            nodes.append(helper.make_node("ReduceSum", [a], [out], name=f"n{i}", keepdims=1))
+        else:
+            nodes.append(helper.make_node(kind, [a], [out], name=f"n{i}"))
+        names.append(out)
+    outs = [fin(n, None) for n in names[-2:]]
+    for o in outs:
+        o.type.tensor_type.ClearField("shape")
+    m = model(nodes, [fin("x", int(rng.choice([16, 256, 4096])), 256)], outs, inits)
+    return onnx.shape_inference.infer_shapes(m)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_min_cut_finds_the_exact_optimum(seed):
+    """Brute force over every plan of a small random graph: the cut's plan costs the minimum."""
+    graph, _ = plan(_random_dag(seed))
+    from passes.base import PlanContext
+
+    ctx = PlanContext()
+    graph.meta["default_dim"] = 8
+    energy = build_energy(graph, ctx, OpTimer(graph, ctx))
+    units = list(energy.unit_ops)
+    best = min(energy.total(dict(zip(units, bits)))[0] for bits in itertools.product((0, 1), repeat=len(units)))
+    assert energy.total(solve_mincut(energy))[0] == pytest.approx(best, rel=1e-9, abs=1e-15)
+
+
+def _embedding(vocab=50000, d=1024, n=4096):
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="lookup"),
+             helper.make_node("MatMul", ["emb", "W"], ["y"], name="proj")]
+    return model(nodes, [fin("ids", n, dtype=TensorProto.INT64)], [fin("y", n, d)],
+                 [weight("table", vocab, d), weight("W", d, d)])
+
+
+def test_embedding_lookup_stays_fp32_when_the_table_is_cast_every_step():
+    m = _embedding()
+    # inference: the table is stored once in FP16, the lookup follows the GEMM
+    _, inference = plan(m)
+    assert {o["name"]: o["precision"] for o in inference.ops}["lookup"] == "float16"
+    # training: the table is an FP32 master weight, casting all of it each step costs more than
+    # the lookup saves, so the planner keeps the lookup FP32 and casts its small output instead
+    from amp_compiler.onnx_io.importer import import_model
+    from amp_compiler.plan import make_context, run_passes
+
+    imp = import_model(m)
+    imp.graph.tensors["table"].kind = PARAMETER
+    imp.graph.tensors["W"].kind = PARAMETER
+    report = run_passes(imp.graph, make_context(training=True), "test")
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["lookup"]["precision"] == "float32"
+    assert "casts" in ops["lookup"]["reason"]
+    assert ops["proj"]["precision"] == "float16"
+    cast_tensors = {c["tensor"] for c in report.casts}
+    assert "table" not in cast_tensors and "emb" in cast_tensors
+
+
+def test_unscale_marker_stops_propagation():
+    d = 1024
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["g"], name="grad_mm"),
+             helper.make_node("Mul", ["g", "inv_scale"], ["g_unscaled"], name="unscale"),
+             helper.make_node("Mul", ["g_unscaled", "lr"], ["step"], name="lr_mul"),
+             helper.make_node("Sub", ["W", "step"], ["W_new"], name="update")]
+    m = model(nodes, [fin("x", d, d)], [fin("W_new", d, d)],
+              [weight("W", d, d), numpy_helper.from_array(np.array(1 / 1024, np.float32), "inv_scale"),
+               numpy_helper.from_array(np.array(0.1, np.float32), "lr")])
+    from amp_compiler.onnx_io.importer import import_model
+    from amp_compiler.plan import make_context, run_passes
+
+    imp = import_model(m)
+    imp.graph.tensors["g_unscaled"].unscale_marker = True
+    report = run_passes(imp.graph, make_context(), "test")
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["grad_mm"]["precision"] == "float16"
+    for name in ("unscale", "lr_mul", "update"):
+        assert ops[name]["precision"] == "float32"
+        assert "unscale marker" in ops[name]["reason"]
+
+
+def test_user_overrides_deny_node_and_deny_op():
+    m = _mlp(512, 1024)
+    _, report = plan(m, deny_nodes=["mm2"])
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["mm2"]["precision"] == "float32" and "--deny-node" in ops["mm2"]["reason"]
+    assert ops["mm1"]["precision"] == "float16"
+    _, report = plan(m, deny=["MatMul"])
+    assert all(o["precision"] == "float32" for o in report.ops if o["op_type"] == "MatMul")
+
+
+def test_no_keep_io_types_changes_graph_io_dtypes():
+    m = _mlp(512, 1024)
+    nodes = list(m.graph.node)[:4]  # drop the reduction: the output is the GEMM's
+    m2 = model(nodes, [fin("x", 512, 1024)], [fin("o", 512, 1024)],
+               [weight("W1", 1024, 1024), weight("b", 1024), weight("W2", 1024, 1024)])
+    out, report = convert_onnx(m2, keep_io_types=False)
+    onnx.checker.check_model(out, full_check=True)
+    assert out.graph.input[0].type.tensor_type.elem_type == F16
+    assert out.graph.output[0].type.tensor_type.elem_type == F16
+    assert report.summary["casts"] == 0
+    out_keep, report_keep = convert_onnx(m2)
+    assert report_keep.summary["casts"] == 2
+
+
+def test_existing_cast_to_float_inside_fp16_region_is_retargeted():
+    d = 1024
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+             helper.make_node("Cast", ["h"], ["hc"], name="to_float", to=F32),
+             helper.make_node("MatMul", ["hc", "W"], ["y"], name="mm2")]
+    m = model(nodes, [fin("x", 512, d)], [fin("y", 512, d)], [weight("W", d, d)])
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    assert "to_float" not in {n.name for n in out.graph.node}  # FP16->FP16 after retargeting: removed
+    x = np.random.default_rng(0).standard_normal((512, d)).astype(np.float32)
+    ref, got = run(m, {"x": x})[0], run(out, {"x": x})[0]
+    assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+
+
+@pytest.mark.parametrize("value, phrase", [(1e6, "beyond the FP16 range"), (1e-9, "flush to zero")])
+def test_weights_fp16_cannot_hold_keep_their_op_fp32(value, phrase):
+    d = 1024
+    w = np.full((d, d), value, dtype=np.float32)
+    w[0, 0] = -value  # a sign that must survive
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm_bad"),
+             helper.make_node("MatMul", ["h", "V"], ["y"], name="mm_ok")]
+    m = model(nodes, [fin("x", 512, d)], [fin("y", 512, d)], [numpy_helper.from_array(w, "W"), weight("V", d, d)])
+    out, report = convert_onnx(m)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["mm_bad"]["precision"] == "float32" and phrase in ops["mm_bad"]["reason"]
+    assert ops["mm_ok"]["precision"] == "float16"
+    stored = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+    np.testing.assert_array_equal(stored["W"], w)  # untouched: no clamp, no sign flip
+
+
+def test_classify_roles_from_schemas_and_registry():
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], name="ln"),
+             helper.make_node("Shape", ["y"], ["s"], name="shape"),
+             helper.make_node("MyOp", ["y"], ["z"], name="custom", domain="my.domain")]
+    m = model(nodes, [fin("x", 8, 64)], [fin("z", 8, 64), fin("s", 2, dtype=TensorProto.INT64),
+                                         fin("mean", 8, 1), fin("inv", 8, 1)],
+              [weight("g", 64), weight("b", 64)])
+    m.opset_import.append(helper.make_opsetid("my.domain", 1))
+    m.graph.value_info.append(fin("y", 8, 64))
+    graph, report = plan(m)
+    ln = graph.ops["ln"]
+    assert ln.input_roles == [UNIT, UNIT, UNIT] and ln.output_roles == [UNIT, FIXED, FIXED]
+    assert graph.ops["shape"].input_roles == [ANY]
+    custom = {o["name"]: o for o in report.ops}["custom"]
+    assert custom["class"] == "unknown" and "unknown op my.domain::MyOp" in custom["reason"]
+    assert report.summary["unknown_ops"] == ["my.domain::MyOp"]
