@@ -14,6 +14,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "networkx>=3.0",
+        "scipy>=1.10",  # C max-flow for the min-cut planner
         "onnx>=1.16",
         "protobuf>=4.25",
         "ml_dtypes>=0.4",

@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every op of type OP in FP32; repeatable. e.g. --deny Softmax")
     p.add_argument("--deny-node", action="append", default=[], metavar="NAME",
                    help="keep the node named NAME in FP32; repeatable")
-    p.add_argument("--planner", default="optimal", choices=["optimal", "greedy"],
-                   help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter")
+    p.add_argument("--planner", default="optimal", choices=["optimal", "greedy", "all"],
+                   help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter; "
+                        "all: every op that can safely run in the low dtype does, whatever the cost")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
     p.add_argument("--default-dim", type=int, default=8, metavar="N",

@@ -149,6 +149,7 @@ class PrecisionGraph:
         self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
         self.meta: dict[str, Any] = {}
         self._fresh = itertools.count()
+        self._numel_cache: dict[tuple, int] = {}  # cleared when dim sizes change (set_dim_sizes)
 
     # -- building ---------------------------------------------------------------------------
     def add_tensor(self, tensor: Tensor) -> Tensor:
@@ -241,6 +242,12 @@ class PrecisionGraph:
     def stats(self) -> dict[str, int]:
         return {"ops": len(self.ops), "tensors": len(self.tensors), "units": len(self.units)}
 
+    def set_dim_sizes(self, default_dim: int, dim_values: dict[str, int] | None = None) -> None:
+        """Sizes the cost model uses for symbolic dims."""
+        self.meta["default_dim"] = default_dim
+        self.meta["dim_values"] = dict(dim_values or {})
+        self._numel_cache.clear()
+
     def default_dim(self) -> int:
         return int(self.meta.get("default_dim", 1))
 
@@ -250,11 +257,15 @@ class PrecisionGraph:
     def numel(self, tensor: str | Tensor) -> int:
         """Element count for cost estimates (symbolic dims resolved from the graph's dim sizes)."""
         t = self.tensors[tensor] if isinstance(tensor, str) else tensor
-        return t.numel(self.default_dim(), self.dim_values())
+        key = (t.name, t.shape)
+        n = self._numel_cache.get(key)
+        if n is None:
+            n = self._numel_cache[key] = t.numel(self.default_dim(), self.dim_values())
+        return n
 
     def nbytes(self, tensor: str | Tensor, dtype: str | None = None) -> int:
         t = self.tensors[tensor] if isinstance(tensor, str) else tensor
-        return t.numel(self.default_dim(), self.dim_values()) * itemsize(dtype or t.dtype)
+        return self.numel(t) * itemsize(dtype or t.dtype)
 
     def concrete_shape(self, tensor: str) -> list[int] | None:
         """The tensor's shape with symbolic dims resolved, or None when unknown."""

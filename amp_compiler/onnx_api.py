@@ -26,6 +26,17 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
     path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
     (others take ``default_dim``). Returns the converted model and the per-op report.
+
+    ``planner`` chooses how the eligible region is labelled:
+
+    * ``"optimal"`` (default): exact minimum of the predicted time including casts
+      (s-t min-cut over the cost model's numbers);
+    * ``"greedy"``: the TF-style painter (allow ops, and infer/clear ops between them);
+    * ``"all"``: every op that may legally and safely run in ``dtype`` does, whatever
+      the cost model says and whether or not a tensor-core op is in reach. Deny and
+      unknown ops, ops whose schema refuses the low dtype, and ops reading constants
+      out of its range stay FP32 as always. Useful as the "everything FP16" baseline
+      and for conformance runs over single-op models.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,

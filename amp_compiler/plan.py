@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from cost_model import get_device
-from passes import PassManager, PlanContext, default_passes
+from passes import PLANNERS, PassManager, PlanContext, default_passes
 
 from .dtypes import normalize_low_dtype
 from .ir import PrecisionGraph
@@ -19,8 +19,8 @@ def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "o
                  profile=None, progress: Callable[[str], None] | None = None) -> PlanContext:
     """Validate user options once and pack them for the passes."""
     get_device(target)  # raises ValueError listing the known devices
-    if planner not in ("optimal", "greedy"):
-        raise ValueError(f"unknown planner {planner!r}: use 'optimal' or 'greedy'")
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}: use one of {', '.join(PLANNERS)}")
     if default_dim < 1:
         raise ValueError(f"default_dim must be >= 1, got {default_dim}")
     return PlanContext(low_dtype=normalize_low_dtype(dtype), target=target, planner=planner,
@@ -32,8 +32,7 @@ def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "o
 def run_passes(graph: PrecisionGraph, ctx: PlanContext, source: str,
                dim_values: dict[str, int] | None = None) -> Report:
     """classify -> propagate -> convert -> casts -> align; returns the per-op report."""
-    graph.meta["default_dim"] = ctx.default_dim
-    graph.meta["dim_values"] = dict(dim_values or {})
+    graph.set_dim_sizes(ctx.default_dim, dim_values)
     manager = PassManager(default_passes())
     graph = manager.run(graph, ctx)
     return build_report(graph, ctx, manager.records, source)

@@ -58,13 +58,18 @@ class PassError(RuntimeError):
     """A pass found the graph in a state it cannot handle (a bug, not bad user input)."""
 
 
+#: planner names: ``optimal`` (min-cut over op and cast costs), ``greedy`` (TF-style painter),
+#: ``all`` (every op that may legally and safely take the low dtype does, whatever the cost)
+PLANNERS = ("optimal", "greedy", "all")
+
+
 @dataclass
 class PlanContext:
     """Options every pass may read; built once by the entry point."""
 
     low_dtype: str = "float16"
     target: str = "h100"
-    planner: str = "optimal"  # optimal (min-cut) | greedy
+    planner: str = "optimal"  # one of PLANNERS
     keep_io_types: bool = True
     training: bool = False  # weights are FP32 master copies: casting one costs every step
     allow: frozenset[str] = frozenset()  # op types or canonical names forced to class allow

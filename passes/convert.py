@@ -6,31 +6,38 @@ Rewrite cases:
    exactly, by an s-t minimum cut (binary labelling, submodular energy). Source side
    is FP32, sink side the low dtype. Unary terms: edge s->u costs the unit's low-
    precision time, u->t its FP32 time. A tensor's cast is charged once per producer
-   output with two auxiliary nodes: ``a`` pays when the producer is FP32 and some
+   output with two auxiliary nodes (solved with scipy's max-flow, in C): ``a`` pays when the producer is FP32 and some
    consumer low (p->a, a->c = inf), ``b`` when the producer is low and some consumer
    FP32 (b->p, c->b = inf). Fixed endpoints tie auxiliary nodes to s or t.
 2. ``planner="greedy"``: the TF Grappler-style painter, kept as a baseline: allow ops
    go low, infer/clear ops go low when they lie between low ops (reachable forward
    from one and backward from another), then clear ops next to low ops follow.
-3. Outside the eligible region ops keep the precision the propagate pass gave them;
+3. ``planner="all"``: every eligible unit takes the low dtype, whatever the cost
+   (the propagate pass then makes every op eligible that may legally and safely run
+   in it, not only those connected to a tensor-core op). This is the "everything
+   FP16" plan: the reference the report compares with, and the mode conformance
+   runs use to exercise every op's conversion.
+4. Outside the eligible region ops keep the precision the propagate pass gave them;
    ops without float data get no precision.
-4. Every op records why: the rule that fixed it, or the cost-model numbers.
+5. Every op records why: the rule that fixed it, or the cost-model numbers.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-import networkx as nx
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import UNIT, PrecisionGraph, PrecisionUnit
 from amp_compiler.registry import ALLOW, CLEAR
 
-from .base import Pass, PassResult, PlanContext
+from .base import PLANNERS, Pass, PassResult, PlanContext
 from .costs import OpTimer, PlanEnergy, build_energy
 
-_SOURCE, _SINK = "__s__", "__t__"
+_SOURCE, _SINK = 0, 1
 
 
 class ConvertPass(Pass):
@@ -43,8 +50,10 @@ class ConvertPass(Pass):
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
             plan = solve_mincut(energy)
+        elif ctx.planner == "all":
+            plan = {u: 1 for u in energy.unit_ops}
         else:
-            raise ValueError(f"unknown planner {ctx.planner!r}: use 'optimal' or 'greedy'")
+            raise ValueError(f"unknown planner {ctx.planner!r}: use one of {', '.join(PLANNERS)}")
         _apply(graph, ctx, energy, plan)
         mixed, n_casts, cast_s = energy.total(plan)
         all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
@@ -62,51 +71,70 @@ class ConvertPass(Pass):
 
 
 def solve_mincut(energy: PlanEnergy) -> dict[int, int]:
-    """Exact minimum of the plan energy by one s-t minimum cut."""
+    """Exact minimum of the plan energy by one s-t minimum cut (scipy's C max-flow)."""
     if not energy.unit_ops:
         return {}
-    scale = 1e9  # seconds -> ns: keeps capacities in a comfortable float range
-    big = scale * (sum(energy.time_fp32.values()) + sum(energy.time_low.values())
-                   + sum(t.cast_cost for t in energy.terms) + 1.0) * 10
-    g = nx.DiGraph()
+    units = list(energy.unit_ops)
+    index = {u: i + 2 for i, u in enumerate(units)}  # 0 = source (FP32 side), 1 = sink (low side)
+    n_nodes = 2 + len(units) + 2 * len(energy.terms)
+    rows: list[int] = []
+    cols: list[int] = []
+    caps: list[float] = []
+    inf = -1.0  # placeholder, replaced by a capacity larger than any finite cut
 
-    def add(a, b, cap: float) -> None:
-        if cap <= 0:
-            return
-        if g.has_edge(a, b):
-            g[a][b]["capacity"] += cap
-        else:
-            g.add_edge(a, b, capacity=cap)
+    def add(a: int, b: int, cap: float) -> None:
+        if cap != 0:
+            rows.append(a)
+            cols.append(b)
+            caps.append(cap)
 
-    for u in energy.unit_ops:
-        add(_SOURCE, u, energy.time_low[u] * scale)
-        add(u, _SINK, energy.time_fp32[u] * scale)
-    for i, term in enumerate(energy.terms):
-        c = term.cast_cost * scale
-        a, b = ("a", i), ("b", i)
+    for u in units:
+        add(_SOURCE, index[u], energy.time_low[u])
+        add(index[u], _SINK, energy.time_fp32[u])
+    aux = 2 + len(units)
+    for term in energy.terms:
+        a, b = aux, aux + 1
+        aux += 2
         kind, p = term.producer
-        # a: producer FP32 and some consumer low
+        c = term.cast_cost
         if kind == "var":
-            add(p, a, c)
+            add(index[p], a, c)  # producer FP32, some consumer low
+            add(b, index[p], c)  # producer low, some consumer FP32
         elif p == 0:
             add(_SOURCE, a, c)
-        # b: producer low and some consumer FP32
-        if kind == "var":
-            add(b, p, c)
-        elif p == 1:
+        else:
             add(b, _SINK, c)
         for ckind, cv in term.consumers:
             if ckind == "var":
-                add(a, cv, big)
-                add(cv, b, big)
+                add(a, index[cv], inf)
+                add(index[cv], b, inf)
             elif cv == 1:
-                add(a, _SINK, big)  # a consumer fixed low: a must take the low side
+                add(a, _SINK, inf)  # a consumer fixed low: ``a`` takes the low side
             else:
-                add(_SOURCE, b, big)  # a consumer fixed FP32: b must take the FP32 side
-    g.add_node(_SOURCE)
-    g.add_node(_SINK)
-    _, (source_side, _) = nx.minimum_cut(g, _SOURCE, _SINK, capacity="capacity")
-    return {u: 0 if u in source_side else 1 for u in energy.unit_ops}
+                add(_SOURCE, b, inf)  # a consumer fixed FP32: ``b`` takes the FP32 side
+    source_side = _min_cut_source_side(n_nodes, rows, cols, caps)
+    return {u: 0 if source_side[index[u]] else 1 for u in units}
+
+
+def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:
+    """Boolean mask of the nodes on the source side of a minimum s-t cut.
+
+    scipy's max-flow takes int32 capacities: finite costs are scaled so their total fits in
+    2**30, and "infinite" edges get 2**30, more than any finite cut.
+    """
+    cap = np.asarray(caps, dtype=np.float64)
+    finite = cap >= 0
+    total = float(cap[finite].sum()) or 1.0
+    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int32)
+    graph = csr_matrix((scaled, (np.asarray(rows), np.asarray(cols))), shape=(n_nodes, n_nodes))
+    flow = maximum_flow(graph, _SOURCE, _SINK).flow
+    residual = (graph - flow).tocsr()
+    residual.data[residual.data < 0] = 0
+    residual.eliminate_zeros()
+    reached = breadth_first_order(residual, _SOURCE, directed=True, return_predecessors=False)
+    side = np.zeros(n_nodes, dtype=bool)
+    side[reached] = True
+    return side
 
 
 def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
@@ -175,6 +203,8 @@ def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: di
         op = graph.ops[names[0]]
         if ctx.planner == "greedy":
             why = "greedy painter: " + ("allow op or between low ops" if plan[u] else "not between low ops")
+        elif ctx.planner == "all":
+            why = f"planner 'all': every eligible op in {short(low)}"
         elif plan[u]:
             why = (f"cost model: {_fmt_us(tlow)} in {short(low)} vs {_fmt_us(t32)} in fp32"
                    + (f", FP32 would add {_fmt_us(d_cast)} of casts" if d_cast > 0 else ""))

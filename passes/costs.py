@@ -70,12 +70,15 @@ class PlanEnergy:
 
     def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
         """(change in op time, change in cast time) if ``unit`` alone switched precision."""
-        flipped = dict(plan)
-        flipped[unit] = 1 - plan[unit]
-        d_op = (self.time_low[unit] - self.time_fp32[unit]) * (1 if flipped[unit] else -1)
-        d_cast = sum(self.term_cost(self.terms[i], flipped) - self.term_cost(self.terms[i], plan)
-                     for i in self.by_unit.get(unit, ()))
-        return d_op, d_cast
+        touched = self.by_unit.get(unit, ())
+        before = sum(self.term_cost(self.terms[i], plan) for i in touched)
+        plan[unit] = 1 - plan[unit]  # flipped in place and restored: no copy of the plan per call
+        try:
+            after = sum(self.term_cost(self.terms[i], plan) for i in touched)
+        finally:
+            plan[unit] = 1 - plan[unit]
+        d_op = (self.time_low[unit] - self.time_fp32[unit]) * (-1 if plan[unit] else 1)
+        return d_op, after - before
 
 
 class OpTimer:
@@ -86,6 +89,7 @@ class OpTimer:
         self.roofline = Roofline(ctx.target, ctx.profile)
         self.registry = ctx.registry or DEFAULT_REGISTRY
         self._flops: dict[str, float] = {}
+        self._times: dict[tuple[str, str], float] = {}
 
     def flops(self, op: Op) -> float:
         cached = self._flops.get(op.name)
@@ -108,6 +112,13 @@ class OpTimer:
         return all(d % 8 == 0 for d in alignment_dims(op, self.graph).values())
 
     def time(self, op: Op, dtype: str) -> float:
+        key = (op.name, dtype)
+        cached = self._times.get(key)
+        if cached is None:
+            cached = self._times[key] = self._time(op, dtype)
+        return cached
+
+    def _time(self, op: Op, dtype: str) -> float:
         if op.canonical == "cast" and op.inserted:
             t = self.graph.tensors[op.inputs[0]]
             return self.roofline.cast_time(self.graph.numel(t), t.dtype or FLOAT32, dtype)

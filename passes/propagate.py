@@ -11,6 +11,8 @@ Rewrite cases:
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
    no tensor-core op in reach stay FP32: converting them buys nothing.
+4. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
+   op or not (the "everything in the low dtype" plan).
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
 unsafe in the low dtype (cases 1-2) run in FP32; ops merely out of reach keep the
@@ -73,7 +75,7 @@ class PropagatePass(Pass):
                     if a != b:
                         parent[a] = b
         seeded = {find(n) for n in candidates
-                  if graph.ops[n].op_class == ALLOW or n in ctx.force_low_nodes}
+                  if graph.ops[n].op_class == ALLOW or n in ctx.force_low_nodes or ctx.planner == "all"}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]
