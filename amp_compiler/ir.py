@@ -36,7 +36,9 @@ class PortGroup:
     """Ports of one op bound to one type parameter (their dtypes must agree).
 
     ``allowed`` lists the float dtypes the source schema accepts for the group;
-    ``fixed_type`` marks a port whose schema type is one concrete dtype.
+    ``fixed_type`` marks a port whose schema type is one concrete dtype;
+    ``binds_output`` says the type parameter also types an output of the schema,
+    present on this node or not (so the group's dtype flows into the op's results).
     """
 
     param: str
@@ -44,6 +46,7 @@ class PortGroup:
     outputs: tuple[int, ...]
     allowed: frozenset[str]
     fixed_type: bool = False
+    binds_output: bool = False
 
 
 @dataclass
@@ -149,6 +152,7 @@ class PrecisionGraph:
         self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
         self.meta: dict[str, Any] = {}
         self._fresh = itertools.count()
+        self._reserved: set[str] = set()
         self._numel_cache: dict[tuple, int] = {}  # cleared when dim sizes change (set_dim_sizes)
 
     # -- building ---------------------------------------------------------------------------
@@ -211,10 +215,11 @@ class PrecisionGraph:
         self.tensors[tensor_name].consumers.append((op_name, port))
 
     def fresh_name(self, base: str) -> str:
-        """A tensor/op name not used yet, derived from ``base``."""
+        """A tensor/op name not used nor handed out yet, derived from ``base``."""
         name = base
-        while name in self.tensors or name in self.ops:
+        while name in self.tensors or name in self.ops or name in self._reserved:
             name = f"{base}_{next(self._fresh)}"
+        self._reserved.add(name)  # ops made now may join the graph later: never hand a name out twice
         return name
 
     # -- queries ------------------------------------------------------------------------------

@@ -326,3 +326,21 @@ def test_classify_roles_from_schemas_and_registry():
     custom = {o["name"]: o for o in report.ops}["custom"]
     assert custom["class"] == "unknown" and "unknown op my.domain::MyOp" in custom["reason"]
     assert report.summary["unknown_ops"] == ["my.domain::MyOp"]
+
+
+def test_graph_output_also_read_by_fp32_op_keeps_its_name_and_dtype():
+    # The output cast and the cast for the FP32 reader are siblings: both must survive as one
+    # node writing the output under its own name (a name clash here once dropped the output).
+    d = 1024
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("ReduceSum", ["h"], ["s"], name="sum", keepdims=1)]
+    m = model(nodes, [fin("x", 512, d)], [fin("h", 512, d), fin("s", 1, 1)], [weight("W", d, d)])
+    out, report = convert_onnx(m)
+    onnx.checker.check_model(out, full_check=True)
+    assert [o.name for o in out.graph.output] == ["h", "s"]
+    assert {o["name"]: o["precision"] for o in report.ops}["mm"] == "float16"
+    writers = [n for n in out.graph.node if "h" in n.output]
+    assert len(writers) == 1 and writers[0].op_type == "Cast"
+    x = np.random.default_rng(0).standard_normal((512, d)).astype(np.float32)
+    for ref, got in zip(run(m, {"x": x}), run(out, {"x": x})):
+        assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
