@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import __version__
-from .dtypes import FLOAT32, LOW_PRECISION
+from .dtypes import FLOAT32, LOW_PRECISION, is_float
 from .ir import PrecisionGraph
 from .registry import UNKNOWN
 from .report import SCHEMA_VERSION, Report
@@ -26,8 +26,8 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
             continue
         src = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] else None
         out = graph.tensors[op.outputs[0]]
-        if src is None or not src.dtype or not out.dtype or src.dtype == out.dtype:
-            continue
+        if src is None or not (is_float(src.dtype) and is_float(out.dtype)) or src.dtype == out.dtype:
+            continue  # only precision casts count (not int64 -> bool and the like)
         nbytes = graph.nbytes(src) + graph.nbytes(out)
         consumers = [c for c, _ in out.consumers]
         for c in consumers:
