@@ -48,15 +48,25 @@ def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
         raise ConversionError(str(path), "", f"cannot read inputs (.npz expected): {exc}") from None
 
 
-def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None) -> list[np.ndarray]:
+def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
+              label: str = "model") -> list[np.ndarray]:
+    """Run ``model`` on ONNX Runtime; a load or run failure is a ``ConversionError`` naming ``label``."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     payload = model if isinstance(model, str) else model.SerializeToString()
-    sess = ort.InferenceSession(payload, opts, providers=providers or ["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    providers = providers or ["CPUExecutionProvider"]
+    try:
+        sess = ort.InferenceSession(payload, opts, providers=providers)
+        names = {i.name for i in sess.get_inputs()}
+        return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    except Exception as exc:  # onnxruntime raises its own exception types per failure kind
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = ""
+        if "NOT_IMPLEMENTED" in detail:
+            hint = f" (the {providers[0]} has no kernel for it; validate on the target's provider)"
+        raise ConversionError(label, "ONNX Runtime", f"{detail}{hint}") from None
 
 
 def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray]) -> list[dict[str, Any]]:
@@ -83,8 +93,8 @@ def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[n
 def validate(original: ModelProto, converted: ModelProto, feeds: dict[str, np.ndarray],
              tolerance: float = 1e-2) -> dict[str, Any]:
     """Run both models on ``feeds``; the result goes into the report's ``validation`` section."""
-    expected = run_model(original, feeds)
-    actual = run_model(converted, feeds)
+    expected = run_model(original, feeds, label="the FP32 model")
+    actual = run_model(converted, feeds, label="the converted model")
     names = [o.name for o in original.graph.output]
     outputs = compare_outputs(names, expected, actual)
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
