@@ -20,12 +20,15 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
                  deny_nodes: Iterable[str] = (), planner: str = "optimal", default_dim: int = 8,
                  dim_values: dict[str, int] | None = None, profile=None, progress=None,
-                 source: str | None = None) -> tuple[ModelProto, Report]:
+                 source: str | None = None, calibrate: bool = False,
+                 calibration_inputs: dict | None = None) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
     path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
-    (others take ``default_dim``). Returns the converted model and the per-op report.
+    (others take ``default_dim``). ``calibrate=True`` runs the FP32 model once on ONNX
+    Runtime (``calibration_inputs``, or seeded random inputs) and keeps in FP32 the ops
+    whose activations would overflow FP16. Returns the converted model and the report.
 
     ``planner`` chooses how the eligible region is labelled:
 
@@ -54,10 +57,22 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     imp = import_model(model, source=source, default_dim=default_dim)
     if not isinstance(model_or_path, ModelProto):
         imp.graph.meta["base_dir"] = str(Path(model_or_path).resolve().parent)
+    if calibrate or calibration_inputs is not None:
+        if progress:
+            progress("calibrate activation ranges on ONNX Runtime")
+        _calibrate(model, imp.graph, calibration_inputs)
     report = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
     return emit(imp), report
+
+
+def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
+    from .calibrate import activation_ranges, mark_ranges
+    from .validate import random_inputs
+
+    ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
+    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges)
 
 
 __all__ = ["ConversionError", "convert_onnx"]

@@ -1,0 +1,52 @@
+"""Calibrated activation ranges keep overflowing tensors out of FP16."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from amp_compiler import convert_onnx
+
+from .builders import fin, model, run, weight
+
+
+def _overflowing_input(d=1024):
+    """Inputs beyond FP16's range feed a GEMM (tame output), then Softmax and a second GEMM."""
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["scores"], name="scores_mm"),
+             helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "Wv"], ["y"], name="value_mm")]
+    return model(nodes, [fin("x", 512, d)], [fin("y", 512, d)], [weight("Wq", d, d, scale=1e-5),
+                                                                 weight("Wv", d, d)])
+
+
+def test_calibration_keeps_ops_reading_overflowing_values_fp32_and_output_finite():
+    m = _overflowing_input()
+    x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32) * 3e4
+    x[:, 0] = 1.5e5  # beyond 65504: a cast to FP16 makes it inf
+    feeds = {"x": x}
+    ref = run(m, feeds)[0]
+    _, naive = convert_onnx(m)
+    # the uncalibrated plan stores x in FP16, where its large values become inf (ORT's CPU kernels
+    # then happen to hide that, a GPU would not)
+    assert any(c["tensor"] == "x" and c["to"] == "float16" for c in naive.casts)
+    assert np.isinf(x.astype(np.float16)).any()
+    calibrated, report = convert_onnx(m, calibration_inputs=feeds)
+    onnx.checker.check_model(calibrated, full_check=True)
+    assert not any(c["tensor"] == "x" and c["to"] == "float16" for c in report.casts)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["scores_mm"]["precision"] == "float32"
+    assert "activation x reaches 1.5e+05" in ops["scores_mm"]["reason"]
+    assert ops["value_mm"]["precision"] == "float16"  # tame GEMMs still convert
+    got = run(calibrated, feeds)[0]
+    assert np.all(np.isfinite(got))
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-2
+
+
+def test_calibration_changes_nothing_on_a_tame_model():
+    d = 1024
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")]
+    m = model(nodes, [fin("x", 512, d)], [fin("y", 512, d)], [weight("W", d, d)])
+    _, plain = convert_onnx(m)
+    _, calibrated = convert_onnx(m, calibrate=True)
+    assert [o["precision"] for o in plain.ops] == [o["precision"] for o in calibrated.ops] == ["float16"]
