@@ -36,7 +36,8 @@ class PortGroup:
     """Ports of one op bound to one type parameter (their dtypes must agree).
 
     ``allowed`` lists the float dtypes the source schema accepts for the group;
-    ``fixed_type`` marks a port whose schema type is one concrete dtype;
+    ``fixed_type`` marks a port that keeps its source dtype: its schema type is one
+    concrete dtype, or its dtype flows through a sequence/optional value;
     ``binds_output`` says the type parameter also types an output of the schema,
     present on this node or not (so the group's dtype flows into the op's results).
     """
@@ -70,6 +71,8 @@ class Tensor:
     scope_output: bool = False
     #: why this constant cannot be stored in the low dtype (values out of range), if so
     low_unsafe: str | None = None
+    #: why this activation cannot be held in the low dtype (calibrated range), if so
+    range_unsafe: str | None = None
 
     @property
     def is_constant(self) -> bool:

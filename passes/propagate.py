@@ -5,8 +5,10 @@ Rewrite cases:
 1. Every op downstream of a tensor marked ``unscale_marker`` (gradients divided by
    the loss scale), and the op producing it, is ineligible: the optimizer and the
    master-weight update stay FP32.
-2. ``deny`` and ``unknown`` ops, ops without float data, and ops whose schema
-   forbids the low dtype (``forbid_low``) are ineligible.
+2. ``deny`` and ``unknown`` ops, ops without float data, ops whose schema forbids
+   the low dtype (``forbid_low``), and ops that read a constant or read/write an
+   activation the low dtype cannot hold (``low_unsafe``, calibrated ``range_unsafe``)
+   are ineligible.
 3. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -94,9 +96,15 @@ class PropagatePass(Pass):
 
 
 def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
+    """Why a tensor this op reads or writes in its precision cannot be held in the low dtype."""
     for port, name in enumerate(op.inputs):
-        if name and op.input_roles[port] == UNIT and graph.tensors[name].low_unsafe:
-            return graph.tensors[name].low_unsafe
+        if name and op.input_roles[port] == UNIT:
+            t = graph.tensors[name]
+            if t.low_unsafe or t.range_unsafe:
+                return t.low_unsafe or t.range_unsafe
+    for port, name in enumerate(op.outputs):
+        if name and op.output_roles[port] == UNIT and graph.tensors[name].range_unsafe:
+            return graph.tensors[name].range_unsafe
     return None
 
 
