@@ -1,0 +1,131 @@
+"""Automatic FP32 fallback: move the few ops that cause the error back to FP32, in seconds.
+
+Node-by-node bisection rebuilds a session per step (tens of minutes on real models).
+Instead, one run of each model with every float tensor exposed tells, per low-precision
+op, how much error it *adds*: the relative error of its output minus the worst
+relative error of its inputs. The worst offenders, with the low-precision ops that
+feed them, are denied (``deny_nodes``), the
+model is re-planned — so casts stay optimal around them — and checked again; the
+number moved doubles each round, so a handful of rounds suffice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from onnx import ModelProto, helper
+
+from .dtypes import LOW_PRECISION
+from .errors import ConversionError
+from .validate import compare_outputs, run_model
+
+
+def _expose_all(model: ModelProto, names: list[str]) -> ModelProto:
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in have:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+    return probe
+
+
+def _rel(ref: np.ndarray, got: np.ndarray) -> float:
+    ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    if ref64.shape != got64.shape or ref64.size == 0:
+        return 0.0
+    finite = np.isfinite(ref64)
+    if np.any(np.isfinite(got64) != finite):
+        return float("inf")
+    scale = float(np.max(np.abs(ref64[finite]))) if finite.any() else 0.0
+    diff = float(np.max(np.abs(ref64 - got64)[finite])) if finite.any() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
+                runner: Callable = run_model) -> list[tuple[float, str]]:
+    """(error an op adds, op name) for every low-precision op of the main graph, worst first."""
+    low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and not o.get("scope")]
+    orig_outputs = {n.output[i] for n in original.graph.node for i in range(len(n.output)) if n.output[i]}
+    by_name = {n.name: n for n in original.graph.node}
+    tensors = sorted({t for o in low_ops if o["name"] in by_name for t in by_name[o["name"]].output
+                      if t in orig_outputs} | {t for o in low_ops if o["name"] in by_name
+                                               for t in by_name[o["name"]].input if t in orig_outputs})
+    converted_names = {t for n in converted.graph.node for t in n.output}
+    tensors = [t for t in tensors if t in converted_names]
+    ref = dict(zip([o.name for o in _expose_all(original, tensors).graph.output],
+                   runner(_expose_all(original, tensors), feeds, label="the FP32 model")))
+    got = dict(zip([o.name for o in _expose_all(converted, tensors).graph.output],
+                   runner(_expose_all(converted, tensors), feeds, label="the converted model")))
+    err = {t: _rel(ref[t], got[t]) for t in tensors if t in ref and t in got
+           and np.asarray(ref[t]).dtype.kind == "f"}
+    ranked = []
+    for o in low_ops:
+        node = by_name.get(o["name"])
+        if node is None:
+            continue
+        out_err = max((err.get(t, 0.0) for t in node.output), default=0.0)
+        in_err = max((err.get(t, 0.0) for t in node.input), default=0.0)
+        ranked.append((out_err - in_err if np.isfinite(out_err) else float("inf"), o["name"]))
+    ranked.sort(reverse=True)
+    return ranked
+
+
+def _with_low_producers(names: list[str], model: ModelProto, low: set[str]) -> list[str]:
+    """``names`` plus the low-precision ops writing their inputs.
+
+    Error shows where it is *revealed* (x + 1000 - 1000 cancels in the Sub), but it was
+    made where a value was rounded (the Add): moving only the revealing op rarely helps.
+    """
+    producer = {t: n.name for n in model.graph.node for t in n.output}
+    by_name = {n.name: n for n in model.graph.node}
+    out = list(names)
+    for name in names:
+        for t in by_name[name].input if name in by_name else ():
+            p = producer.get(t)
+            if p in low and p not in out:
+                out.append(p)
+    return out
+
+
+def convert_with_fallback(convert: Callable[..., tuple[ModelProto, Any]], original: ModelProto, feeds: dict,
+                          tolerance: float, *, deny_nodes=(), max_rounds: int = 8, progress=None,
+                          runner: Callable = run_model):
+    """Convert, validate, and deny the worst error-adding ops until the outputs are within ``tolerance``.
+
+    ``convert(deny_nodes=...)`` re-plans the model; ``runner`` runs a model (ONNX Runtime by
+    default; ``validate.run_reference`` rounds exactly like FP16 hardware, slowly).
+    Returns ``(model, report, moved op names)``.
+    """
+    denied = list(deny_nodes)
+    moved: list[str] = []
+    names = [o.name for o in original.graph.output]
+    expected = runner(original, feeds, label="the FP32 model")
+    take = 1
+    for round_ in range(max_rounds + 1):
+        converted, report = convert(deny_nodes=denied)
+        rows = compare_outputs(names, expected, runner(converted, feeds, label="the converted model"))
+        worst = max((r["max_rel_error"] for r in rows), default=0.0)
+        if progress:
+            progress(f"fallback round {round_}: max rel error {worst:.3g} with {len(moved)} ops moved to FP32")
+        if worst <= tolerance:
+            report.data["fallback"] = {"moved_to_fp32": moved, "rounds": round_, "max_rel_error": worst,
+                                       "tolerance": tolerance}
+            for op in report.ops:
+                if op["name"] in moved:
+                    op["reason"] = f"fallback: FP16 here added error beyond the {tolerance:g} budget"
+            return converted, report, moved
+        if round_ == max_rounds:
+            break
+        candidates = [name for e, name in added_error(original, converted, report, feeds, runner)
+                      if name not in denied and e > 0]
+        if not candidates:
+            break
+        low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
+        step = _with_low_producers(candidates[:take], original, low - set(denied))
+        denied += step
+        moved += step
+        take *= 2
+    raise ConversionError("", "validation", f"max relative error {worst:.3g} stays above the tolerance "
+                                            f"{tolerance:g} after moving {len(moved)} ops to FP32")

@@ -1,0 +1,50 @@
+"""Automatic fallback: the ops that add the error move to FP32, the rest stay FP16."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from amp_compiler import ConversionError, convert_onnx
+from amp_compiler.fallback import convert_with_fallback
+from amp_compiler.validate import run_reference
+
+from .builders import fin, model, weight
+
+
+def _cancellation(d=128):
+    """(x @ W + 1000) - 1000: FP16 has a 0.5 step at 1000, so the round trip wipes out x @ W."""
+    offset = numpy_helper.from_array(np.array(1000.0, np.float32), "offset")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Add", ["h", "offset"], ["shifted"], name="shift_up"),
+             helper.make_node("Sub", ["shifted", "offset"], ["back"], name="shift_down"),
+             helper.make_node("MatMul", ["back", "V"], ["y"], name="mm2")]
+    return model(nodes, [fin("x", 64, d)], [fin("y", 64, d)], [weight("W", d, d, scale=0.01), offset,
+                                                                 weight("V", d, d)])
+
+
+def test_fallback_moves_only_the_ops_that_add_error():
+    m = _cancellation()
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
+    # planner="all" puts every op in FP16 (this small graph is launch bound); the numpy reference
+    # evaluator rounds every op to FP16 as a GPU would (ONNX Runtime's CPU provider hides it)
+    convert = functools.partial(convert_onnx, m, planner="all")
+    converted, report, moved = convert_with_fallback(convert, m, feeds, tolerance=1e-2, runner=run_reference)
+    assert "shift_up" in moved and len(moved) <= 2
+    precision = {o["name"]: o["precision"] for o in report.ops}
+    assert precision["shift_up"] == "float32"
+    assert precision["mm"] == precision["mm2"] == "float16"
+    assert report.data["fallback"]["max_rel_error"] <= 1e-2
+    assert "fallback" in {o["name"]: o["reason"] for o in report.ops}["shift_up"]
+
+
+def test_fallback_gives_up_with_a_clear_error_when_out_of_rounds():
+    m = _cancellation()
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
+    with pytest.raises(ConversionError, match=r"max relative error .* stays above the tolerance 0.01 after "
+                                              r"moving 0 ops to FP32"):
+        convert_with_fallback(functools.partial(convert_onnx, m, planner="all"), m, feeds, tolerance=1e-2,
+                              max_rounds=0, runner=run_reference)
