@@ -48,6 +48,23 @@ def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
         raise ConversionError(str(path), "", f"cannot read inputs (.npz expected): {exc}") from None
 
 
+def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str = "model") -> list[np.ndarray]:
+    """Run ``model`` with ONNX's numpy reference evaluator: every op rounds to its declared dtype.
+
+    Slow, but exact about FP16: ONNX Runtime's CPU provider runs FP16 ops it has no kernel
+    for in FP32 and keeps their intermediates in FP32, which hides FP16 rounding.
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        sess = ReferenceEvaluator(model)
+        names = set(sess.input_names)
+        return list(sess.run(None, {k: v for k, v in feeds.items() if k in names}))
+    except Exception as exc:  # the evaluator raises whatever its op implementations raise
+        raise ConversionError(label, "reference evaluator", str(exc).splitlines()[0] if str(exc) else
+                              type(exc).__name__) from None
+
+
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
               label: str = "model") -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime; a load or run failure is a ``ConversionError`` naming ``label``."""
