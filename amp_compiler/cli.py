@@ -26,7 +26,9 @@ examples:
       give symbolic dims the sizes the cost model should plan for
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
---tolerance; 2 bad input or options (one line on stderr names the file, op and reason).
+--tolerance; 2 bad input or options (one line on stderr names the file, op and reason;
+no output file is left behind and the input is never modified); 3 internal error (a bug:
+please report it; --debug shows the traceback).
 """
 
 
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "all: every op that can safely run in the low dtype does, whatever the cost")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
-    p.add_argument("--default-dim", type=int, default=8, metavar="N",
+    p.add_argument("--default-dim", type=_positive_int, default=8, metavar="N",
                    help="size assumed for symbolic dims not given by --dim (default: 8)")
     p.add_argument("--report", action="append", default=[], metavar="FILE",
                    help="write the per-op report; format from the suffix: .json, .html, .txt (repeatable)")
@@ -83,25 +85,46 @@ class _Progress:
             print(f"[{time.perf_counter() - self.start:7.2f}s] {stage}", file=sys.stderr, flush=True)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``amp-compile``; returns the exit status (see ``EXAMPLES``). Errors are one line on stderr."""
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
     except ConversionError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"amp-compile: error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"amp-compile: error: {args.input}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, f"amp-compile: error: {exc}", 2)
+    except OSError as exc:  # I/O the file helpers do not wrap (writing a report, ...)
+        where = exc.filename or args.input
+        return _fail(args, f"amp-compile: error: {where}: {exc.strerror or exc}", 2)
+    except MemoryError:
+        return _fail(args, f"amp-compile: error: {args.input}: out of memory", 2)
+    except KeyboardInterrupt:
+        return _fail(args, "amp-compile: interrupted", 130)
+    except Exception as exc:  # a bug, not bad input: say so, in one line
+        detail = " ".join(str(exc).split())[:300]
+        return _fail(args, f"amp-compile: internal error: {type(exc).__name__}: {detail} (this is a bug: please "
+                           f"report it with the model; --debug shows the traceback)", 3)
+
+
+def _fail(args: argparse.Namespace, line: str, status: int) -> int:
+    if args.debug:
+        traceback.print_exc()
+    print(line, file=sys.stderr, flush=True)
+    return status
 
 
 def _run(args: argparse.Namespace) -> int:
     from .onnx_api import convert_onnx
-    from .onnx_io.files import check_output_path, load_model, save_model
+    from .onnx_io.files import check_output_path, input_files, load_model, save_model
 
     if not args.output and not args.dry_run:
         raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
@@ -110,22 +133,28 @@ def _run(args: argparse.Namespace) -> int:
         check_output_path(report_path, [args.input])
         if Path(report_path).suffix.lower() not in (".json", ".html", ".htm", ".txt"):
             raise ConversionError(report_path, "", "report format unknown: use a .json, .html or .txt suffix")
+    dims = _parse_dims(args.dim)
     progress = _Progress(args.quiet)
     progress("load")
-    original = load_model(args.input)
-    dims = _parse_dims(args.dim)
+    # External data stays on disk and is streamed tensor by tensor (models over 2 GB never sit in
+    # memory whole); only a dry run with --validate, which runs the models from memory, loads it.
+    lazy = not (args.dry_run and args.validate)
+    original = load_model(args.input, external_data="lazy" if lazy else "load")
+    base_dir = Path(args.input).resolve().parent
+    if out is not None:  # nor may its .data file be one the input reads from
+        check_output_path(out, input_files(original, args.input))
     converted, report = convert_onnx(original, target=args.target, dtype=args.dtype,
                                      keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
                                      deny_nodes=args.deny_node, planner=args.planner,
                                      default_dim=args.default_dim, progress=progress, dim_values=dims,
-                                     source=args.input)
+                                     source=args.input, base_dir=base_dir)
+    if out is not None:
+        progress(f"write {out}")
+        save_model(converted, out, base_dir=base_dir, protect=[args.input])
     status = 0
     if args.validate:
         progress("validate on ONNX Runtime")
-        status = _validate(args, original, converted, report)
-    if out is not None:
-        progress(f"write {out}")
-        save_model(converted, out)
+        status = _validate(args, original, converted if out is None else None, out, report)
     for report_path in args.report:
         report.save(report_path)
     if not args.quiet:
@@ -133,11 +162,20 @@ def _run(args: argparse.Namespace) -> int:
     return status
 
 
-def _validate(args, original, converted, report) -> int:
-    from .validate import load_inputs, random_inputs, validate
+def _validate(args, original, converted, out, report) -> int:
+    """Compare on ONNX Runtime: the written files (external data and all), or in memory on a dry run."""
+    from .validate import compare_outputs, load_inputs, random_inputs, run_model, validate
 
     feeds = load_inputs(args.inputs) if args.inputs else random_inputs(original)
-    result = validate(original, converted, feeds, args.tolerance)
+    if out is None:
+        result = validate(original, converted, feeds, args.tolerance)
+    else:
+        expected = run_model(str(args.input), feeds, label="the FP32 model")
+        actual = run_model(str(out), feeds, label="the converted model")
+        outputs = compare_outputs([o.name for o in original.graph.output], expected, actual)
+        worst = max((o["max_rel_error"] for o in outputs), default=0.0)
+        result = {"tolerance": args.tolerance, "passed": bool(worst <= args.tolerance), "max_rel_error": worst,
+                  "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
     report.data["validation"] = result
     for row in result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "

@@ -9,6 +9,7 @@ from typing import Iterable
 from onnx import ModelProto
 
 from .errors import ConversionError
+from .gcpause import gc_paused
 from .onnx_io.emitter import emit
 from .onnx_io.files import load_model
 from .onnx_io.importer import import_model
@@ -16,12 +17,14 @@ from .plan import make_context, run_passes
 from .report import Report
 
 
+@gc_paused  # a few objects per node stay alive until the end: full collections only cost time
 def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str = "h100", dtype: str = "fp16",
                  keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
                  deny_nodes: Iterable[str] = (), planner: str = "optimal", default_dim: int = 8,
                  dim_values: dict[str, int] | None = None, profile=None, progress=None,
                  source: str | None = None, calibrate: bool = False,
-                 calibration_inputs: dict | None = None) -> tuple[ModelProto, Report]:
+                 calibration_inputs: dict | None = None,
+                 base_dir: str | os.PathLike | None = None) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -40,6 +43,10 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
       unknown ops, ops whose schema refuses the low dtype, and ops reading constants
       out of its range stay FP32 as always. Useful as the "everything FP16" baseline
       and for conformance runs over single-op models.
+    ``base_dir``: for a ``ModelProto`` loaded without its external data
+    (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
+    in. Such tensors are read in chunks and never held whole; folded constants made
+    from them are cast while saving, so save the result with ``onnx_io.files.save_model``.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
@@ -50,13 +57,13 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         model.CopyFrom(model_or_path)
         source = source or model.graph.name or "model"
     else:
+        base_dir = Path(model_or_path).resolve().parent
         source = source or str(model_or_path)
         model = load_model(model_or_path)
     if progress:
         progress("import")
-    imp = import_model(model, source=source, default_dim=default_dim)
-    if not isinstance(model_or_path, ModelProto):
-        imp.graph.meta["base_dir"] = str(Path(model_or_path).resolve().parent)
+    imp = import_model(model, source=source, default_dim=default_dim, validate=True,
+                       base_dir=str(base_dir) if base_dir is not None else None)
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")

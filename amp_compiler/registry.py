@@ -40,6 +40,14 @@ class OpDef:
     fp32_outputs: tuple[int, ...] = ()
     #: attributes that carry the output dtype (rewritten when the op changes precision)
     dtype_attrs: tuple[str, ...] = ()
+    #: attribute values that make the op numerically unsafe in FP16: (attribute, values, why);
+    #: such an op is ``deny`` whatever its row's class
+    deny_attrs: tuple[tuple[str, tuple, str], ...] = ()
+    #: why the op must stay FP32 although its schema accepts FP16 (no runtime kernel), if so
+    fp32_only: str = ""
+    #: inputs that take the op's precision although the schema gives them a type parameter of
+    #: their own (the schema's type inference ties them to the output)
+    unit_inputs: tuple[int, ...] = ()
     note: str = ""  # why the op has its class; shown in reports
     onnx: tuple[str, ...] = ()  # "Op" (default domain) or "domain::Op"
     aten: tuple[str, ...] = ()  # aten overload packets, e.g. "mm", "addmm"
@@ -107,15 +115,18 @@ _op("layer_norm", INFER, ["LayerNormalization", MS + "LayerNormalization", MS + 
                           "SimplifiedLayerNormalization", MS + "SkipSimplifiedLayerNormalization",
                           MS + "SimplifiedLayerNormalization"],
     ["native_layer_norm", "layer_norm"], flops="norm", accumulates_fp32=True, fp32_outputs=(1, 2),
+    deny_attrs=(("stash_type", (0,), "stash_type=0 computes the statistics in the input dtype"),),
     note="statistics computed in FP32 (stash_type=1)")
 _op("rms_norm", INFER, ["RMSNormalization"], ["rms_norm", "_fused_rms_norm"], flops="norm", accumulates_fp32=True,
-    fp32_outputs=(1,), note="statistics computed in FP32 (stash_type=1)")
+    fp32_outputs=(1,), deny_attrs=(("stash_type", (0,), "stash_type=0 computes the statistics in the input dtype"),),
+    unit_inputs=(0,), note="statistics computed in FP32 (stash_type=1)")
 _op("group_norm", INFER, ["GroupNormalization", MS + "GroupNorm", MS + "SkipGroupNorm"], ["native_group_norm"],
     flops="norm", accumulates_fp32=True, fp32_inputs=(), note="statistics computed in FP32")
 _op("instance_norm", INFER, ["InstanceNormalization"], ["instance_norm"], flops="norm", accumulates_fp32=True,
     note="cuDNN computes the statistics in FP32")
 _op("batch_norm", INFER, ["BatchNormalization"],
-    ["_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm", "batch_norm"],
+    ["_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm", "batch_norm",
+     "_native_batch_norm_legit_functional"],
     flops="norm", accumulates_fp32=True, note="cuDNN computes the statistics in FP32")
 _op("average_pool", INFER, ["AveragePool", "GlobalAveragePool"], ["avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d"],
     flops="pool", accumulates_fp32=True, note="cuDNN pooling accumulates in FP32")
@@ -125,18 +136,23 @@ _many(CLEAR, "Reshape/view,_unsafe_view,reshape Transpose/permute,transpose,t Sq
              "Unsqueeze/unsqueeze Flatten/flatten Concat/cat Split/split,split_with_sizes "
              "Slice/slice,narrow Gather/index_select,select GatherElements/gather GatherND/index "
              "Expand/expand Tile/repeat Identity/clone,alias,detach,lift_fresh_copy DepthToSpace "
-             "SpaceToDepth Compress ReverseSequence ScatterND/index_put Scatter "
-             "ScatterElements/scatter,scatter_add MaxPool/max_pool2d_with_indices,max_pool2d "
+             "SpaceToDepth Compress ReverseSequence Scatter MaxPool/max_pool2d_with_indices,max_pool2d "
              "GlobalMaxPool MaxRoiPool MaxUnpool ReduceMax/amax,max ReduceMin/amin,min "
              "Pad/constant_pad_nd,pad CenterCropPad Col2Im TopK/topk Hardmax Shape Size NonZero/nonzero "
              "OneHot Resize/upsample_nearest2d,upsample_bilinear2d Upsample TensorScatter Optional "
              "OptionalGetElement OptionalHasElement")
+_SCATTER_REDUCE = (("reduction", ("add", "mul", "max", "min"),
+                    "scatter with a reduction combines updates in the op's dtype (add/mul accumulate; "
+                    "ONNX Runtime's CPU kernels refuse FP16 with a reduction)"),)
+_op("scatter_nd", CLEAR, ["ScatterND"], ["index_put"], deny_attrs=_SCATTER_REDUCE)
+_op("scatter_elements", CLEAR, ["ScatterElements"], ["scatter", "scatter_add"], deny_attrs=_SCATTER_REDUCE)
 _op("cast", CLEAR, ["Cast", "CastLike"], ["_to_copy", "to", "convert_element_type"], dtype_attrs=("to",),
     note="existing casts are retargeted or removed by the casts pass")
 _op("constant", CLEAR, ["Constant"], ["scalar_tensor", "full", "zeros", "ones"], dtype_attrs=("value",))
 _op("constant_of_shape", CLEAR, ["ConstantOfShape"], ["new_zeros", "new_ones", "zeros_like", "ones_like", "full_like"],
     dtype_attrs=("value",))
-_op("eye_like", CLEAR, ["EyeLike"], dtype_attrs=("dtype",))
+_op("eye_like", CLEAR, ["EyeLike"], dtype_attrs=("dtype",),
+    fp32_only="ONNX Runtime has no FP16 EyeLike kernel (it writes float, double and integer types only)")
 
 # -- deny: numerically unsafe in FP16 --------------------------------------------------------------
 _RANGE = "overflows or loses precision in FP16"
@@ -157,10 +173,13 @@ _many(DENY, "LpNormalization LpPool GlobalLpPool MeanVarianceNormalization LRN",
 _many(DENY, "Sinh Cosh Asin Acos Atan Asinh Acosh Atanh Det DFT STFT AffineGrid", note=_RANGE)
 _many(DENY, "Range/arange BlackmanWindow HammingWindow HannWindow MelWeightMatrix",
       note="generated values lose precision in FP16")
-_many(DENY, "RandomNormal RandomUniform RandomNormalLike RandomUniformLike Bernoulli Multinomial",
+_many(DENY, "RandomNormal/randn RandomUniform/rand RandomNormalLike/randn_like RandomUniformLike/rand_like "
+            "Bernoulli/bernoulli Multinomial/multinomial",
       dtype_attrs=("dtype",), note="random generators stay FP32")
-_many(DENY, "QuantizeLinear DequantizeLinear DynamicQuantizeLinear QLinearConv QLinearMatMul BitCast",
+_many(DENY, "QuantizeLinear DynamicQuantizeLinear QLinearConv QLinearMatMul BitCast",
       note="quantisation boundary: scales stay FP32")
+_op("dequantize_linear", DENY, ["DequantizeLinear"], dtype_attrs=("output_dtype",), unit_inputs=(1,),
+    note="quantisation boundary: scales stay FP32")  # y's dtype follows x_scale (or output_dtype)
 _many(DENY, "NonMaxSuppression RoiAlign Unique TfIdfVectorizer LinearAttention", note="no reliable FP16 kernel")
 _many(DENY, "SequenceAt SequenceConstruct SequenceInsert SequenceMap SplitToSequence ConcatFromSequence "
             "SequenceEmpty SequenceErase SequenceLength", note="sequence values are not converted")
@@ -170,6 +189,36 @@ _op("control_flow", CLEAR, ["If", "Loop", "Scan"], ["cond", "while_loop"], flops
 # aten-only rows that the FX path needs (no ONNX op of that name).
 _op("embedding", CLEAR, [], ["embedding"])
 _op("native_layer_norm_backward", INFER, [], ["native_layer_norm_backward"], flops="norm", accumulates_fp32=True)
+# backward ops of a captured training step (the forward ops' rows cover mm/addmm/bmm and the
+# elementwise backward math); bias gradients are sum reductions and stay deny.
+_op("activation_backward", INFER, [], ["threshold_backward", "gelu_backward", "tanh_backward", "sigmoid_backward",
+                                       "silu_backward", "hardtanh_backward", "leaky_relu_backward",
+                                       "native_dropout_backward"], flops_per_element=2)
+_op("softmax_backward", INFER, [], ["_softmax_backward_data", "_log_softmax_backward_data"], flops="softmax",
+    accumulates_fp32=True, dtype_attrs=("input_dtype",), note="kernel reduces in FP32")
+_op("loss_backward", DENY, [], ["nll_loss_backward", "mse_loss_backward", "binary_cross_entropy_backward"],
+    flops="reduction", note="loss gradients stay FP32 (the backward seed carries the loss scale)")
+_op("conv_backward", ALLOW, [], ["convolution_backward"], flops="conv", tensor_core=True,
+    note="input and weight gradients are tensor-core convolutions")
+_op("norm_backward", INFER, [], ["native_batch_norm_backward", "native_group_norm_backward"], flops="norm",
+    accumulates_fp32=True, note="statistics gradients reduce in FP32")
+_op("pool_backward", INFER, [], ["avg_pool2d_backward", "_adaptive_avg_pool2d_backward",
+                                 "max_pool2d_with_indices_backward"], flops="pool", accumulates_fp32=True)
+_op("embedding_backward", DENY, [], ["embedding_dense_backward"], flops="reduction",
+    note="scatter-adds rows of the gradient: accumulates in the op's dtype")
+_op("stack", CLEAR, [], ["stack"])
+_op("logical", CLEAR, ["And", "Or", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift"],
+    ["any", "all", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+     "bitwise_not"], flops="none", note="boolean and integer logic: no float data")
+_op("unscale_marker", CLEAR, [], ["unscale_marker"], flops="none",
+    note="gradient divided by the loss scale: FP16 propagation stops here")
+_op("not_equal", INFER, [], ["ne"])
+_op("copy", CLEAR, [], ["copy_", "copy"], note="writes a buffer in place (BatchNorm running statistics)")
+_op("empty", CLEAR, [], ["empty", "empty_like", "new_empty", "empty_strided", "empty_permuted"], flops="none",
+    note="uninitialised storage (dropout masks, BatchNorm outputs in decompositions)")
+_op("runtime_check", CLEAR, [], ["_assert_tensor_metadata", "_assert_scalar", "_assert_async",
+                                 "sym_constrain_range_for_size"], flops="none",
+    note="a run-time check; reads whatever dtype arrives")
 
 
 @dataclass

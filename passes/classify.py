@@ -8,17 +8,22 @@ Rewrite cases:
    or canonical ops, ``ctx.deny_nodes`` names single ops.
 3. Port groups (from the importer: ONNX schemas or aten schemas) become roles:
    a group with an output or with two or more ports is a ``unit`` group (it takes the
-   op's precision); a single input alone in its group accepts ``any`` float dtype; a
+   op's precision), and so is one whose type parameter types an output the node leaves
+   out (Attention's V with no ``present_value``); a single input alone in its group,
+   with a type parameter of its own, accepts ``any`` float dtype; a
    port whose schema type is one concrete dtype, or whose group cannot take both FP32
    and the low dtype, is ``fixed``; non-float ports are ``other``.
-4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``.
+4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``; registry
+   ``unit_inputs`` (RMSNormalization's X, whose type inference follows Y) become ``unit``.
 5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
    planned on their own, with casts at the subgraph boundary.
 6. Each op records the dtype its unit ports had in the source (``source_dtype``).
-7. Attribute-dependent numerics: LayerNormalization with ``stash_type=0`` computes
-   its statistics in the input dtype, so it is ``deny``.
+7. Attribute-dependent numerics (registry ``deny_attrs``): LayerNormalization with
+   ``stash_type=0`` computes its statistics in the input dtype, ScatterND with
+   ``reduction='add'`` accumulates in it, so they are ``deny``.
 8. An op whose schema (at the model's opset) does not accept the low dtype for its
-   unit ports is marked ``forbid_low`` with that reason.
+   unit ports, or that the registry marks FP32-only (no runtime kernel), is marked
+   ``forbid_low`` with that reason.
 """
 
 from __future__ import annotations
@@ -61,8 +66,9 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
     if row is None:
         domain = f"{op.domain}::" if op.domain else ""
         return UNKNOWN, f"unknown op {domain}{op.op_type}: not in the registry, kept FP32"
-    if row.canonical == "layer_norm" and op.attrs.get("stash_type", 1) == 0:
-        return DENY, "deny: stash_type=0 computes the statistics in the input dtype"
+    for attr, values, why in row.deny_attrs:
+        if op.attrs.get(attr) in values:
+            return DENY, f"deny: {why}"
     note = f": {row.note}" if row.note else ""
     return row.op_class, f"{row.op_class}{note}"
 
@@ -79,6 +85,7 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
     in_roles = [OTHER] * len(op.inputs)
     out_roles = [OTHER] * len(op.outputs)
     control_flow = row is not None and row.canonical == "control_flow"
+    refused = []  # unit groups whose schema has no low dtype: (group, float inputs, float outputs)
     for group in op.port_groups:
         floats_in = [i for i in group.inputs if dtype_in(i) in _CONVERTIBLE]
         floats_out = [o for o in group.outputs if dtype_out(o) in _CONVERTIBLE]
@@ -87,13 +94,12 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
         can_switch = FLOAT32 in group.allowed and ctx.low_dtype in group.allowed
         if control_flow or group.fixed_type or row is None:
             role = FIXED
-        elif not group.outputs and len(group.inputs) == 1:
+        elif not group.outputs and len(group.inputs) == 1 and not group.binds_output:
             role = ANY if can_switch else FIXED
         else:
             role = UNIT
-            if not can_switch and op.forbid_low is None:
-                op.forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
-                                 f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
+            if not can_switch:
+                refused.append((group, floats_in, floats_out))
         for i in floats_in:
             in_roles[i] = role
         for o in floats_out:
@@ -103,13 +109,22 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
         default = UNIT if row is not None and not control_flow else FIXED
         in_roles = [default if dtype_in(i) in _CONVERTIBLE else OTHER for i in range(len(op.inputs))]
         out_roles = [default if dtype_out(o) in _CONVERTIBLE else OTHER for o in range(len(op.outputs))]
-    if row is not None:  # registry FP32-only ports
+    if row is not None:  # registry FP32-only ports, and inputs the schema's inference ties to the output
+        for i in row.unit_inputs:
+            if i < len(in_roles) and in_roles[i] == ANY and not control_flow:
+                in_roles[i] = UNIT
         for i in row.fp32_inputs:
             if i < len(in_roles) and in_roles[i] != OTHER:
                 in_roles[i] = FIXED
         for o in row.fp32_outputs:
             if o < len(out_roles) and out_roles[o] != OTHER:
                 out_roles[o] = FIXED
+    for group, ins, outs in refused:  # only where the registry left the ports in the unit
+        if op.forbid_low is None and (any(in_roles[i] == UNIT for i in ins) or any(out_roles[o] == UNIT for o in outs)):
+            op.forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
+                             f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
+    if row is not None and row.fp32_only and op.forbid_low is None:
+        op.forbid_low = row.fp32_only
     op.input_roles, op.output_roles = in_roles, out_roles
     unit_dtypes = [dtype_out(o) for o, r in enumerate(out_roles) if r == UNIT] + \
                   [dtype_in(i) for i, r in enumerate(in_roles) if r == UNIT]

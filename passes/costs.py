@@ -125,7 +125,7 @@ class OpTimer:
         return self.roofline.op_time(
             flops=self.flops(op), bytes_moved=self.bytes(op, dtype), dtype=dtype,
             tensor_core=op.tensor_core, aligned=self.aligned(op) if op.tensor_core else True,
-            key=self.profile_key(op))
+            key=self.profile_key(op) if self.roofline.profile is not None else None)
 
     def profile_key(self, op: Op) -> str:
         shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)

@@ -5,19 +5,22 @@ Rewrite cases:
 1. Every op downstream of a tensor marked ``unscale_marker`` (gradients divided by
    the loss scale), and the op producing it, is ineligible: the optimizer and the
    master-weight update stay FP32.
-2. ``deny`` and ``unknown`` ops, ops without float data, ops whose schema forbids
+2. An op whose float data is neither FP32 nor the low dtype (a BF16 op when planning
+   FP16, a ``Cast(to=BFLOAT16)``) keeps its source dtype: converting it could overflow
+   or double-round, and it is not what the user asked to lower.
+3. ``deny`` and ``unknown`` ops, ops without float data, ops whose schema forbids
    the low dtype (``forbid_low``), and ops that read a constant or read/write an
    activation the low dtype cannot hold (``low_unsafe``, calibrated ``range_unsafe``)
    are ineligible.
-3. The remaining ops are linked wherever a float tensor flows from one's ``unit``
+4. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
    no tensor-core op in reach stay FP32: converting them buys nothing.
-4. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
+5. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
    op or not (the "everything in the low dtype" plan).
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
-unsafe in the low dtype (cases 1-2) run in FP32; ops merely out of reach keep the
+unsafe in the low dtype (cases 1 and 3) run in FP32; ops merely out of reach keep the
 dtype they had in the source (a partly-FP16 model keeps its FP16 parts).
 """
 
@@ -33,6 +36,7 @@ from .base import Pass, PassResult, PlanContext
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
+OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are planned"
 
 
 class PropagatePass(Pass):
@@ -44,6 +48,10 @@ class PropagatePass(Pass):
         for op in graph.ops.values():
             op.eligible = False
             if op.inserted or not op.has_unit_ports:
+                continue
+            if op.source_dtype not in (FLOAT32, ctx.low_dtype):
+                op.precision = op.source_dtype  # e.g. a BF16 op when planning FP16: not ours to change
+                op.reason = f"{op.op_class}: {OTHER_DTYPE} ({op.source_dtype})"
                 continue
             op.precision = FLOAT32
             if op.name in after_unscale:
@@ -102,9 +110,11 @@ def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
             t = graph.tensors[name]
             if t.low_unsafe or t.range_unsafe:
                 return t.low_unsafe or t.range_unsafe
-    for port, name in enumerate(op.outputs):
-        if name and op.output_roles[port] == UNIT and graph.tensors[name].range_unsafe:
-            return graph.tensors[name].range_unsafe
+    for port, name in enumerate(op.outputs):  # a Constant node whose value FP16 cannot hold, say
+        if name and op.output_roles[port] == UNIT:
+            t = graph.tensors[name]
+            if t.low_unsafe or t.range_unsafe:
+                return t.low_unsafe or t.range_unsafe
     return None
 
 

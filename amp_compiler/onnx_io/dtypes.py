@@ -16,7 +16,10 @@ _TO_CODE = {v: k for k, v in _TO_NAME.items()}
 
 
 def onnx_to_dtype(code: int) -> str:
-    return _TO_NAME.get(code, f"onnx:{TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() else code}")
+    name = _TO_NAME.get(code)
+    if name is None:  # built only on a miss: DataType.values() costs a list per call
+        name = f"onnx:{TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() else code}"
+    return name
 
 
 def dtype_to_onnx(name: str) -> int:

@@ -13,7 +13,9 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ..ir import PrecisionGraph, Tensor
+from ..registry import DEFAULT_REGISTRY
 from .dtypes import dtype_to_onnx
+from .files import defer_cast
 from .importer import OnnxImport
 
 try:
@@ -34,10 +36,11 @@ def emit(imp: OnnxImport) -> ModelProto:
             if list(node.input) != op.inputs:
                 del node.input[:]
                 node.input.extend(op.inputs)
-            if list(node.output) != op.outputs:
+            source_outputs = list(node.output)  # a kept graph output is renamed: its old name has the old dtype
+            if source_outputs != op.outputs:
                 del node.output[:]
                 node.output.extend(op.outputs)
-            _retarget_dtype_attrs(graph, node, op.outputs, original)
+            _retarget_dtype_attrs(graph, node, op.outputs, [original.get(n) for n in source_outputs])
         scopes[op.scope].append(node)
     # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
     for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
@@ -70,20 +73,42 @@ def _replace_nodes(g: GraphProto, nodes: list[NodeProto]) -> None:
     g.node.extend(copies)
 
 
-def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str], original: dict) -> None:
-    """Ops whose output dtype is an attribute: make the attribute match the new output dtype."""
+def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str],
+                          before: list[str | None]) -> None:
+    """Ops whose output dtype is an attribute: make the attribute match the new output dtype.
+
+    An attribute left at its schema default is written out explicitly (ConstantOfShape's
+    default ``value`` is an FP32 zero, RandomNormal's default ``dtype`` is FP32), and
+    Constant's ``value_float(s)`` become a ``value`` tensor of the new dtype.
+    """
     if not outputs or not outputs[0]:
         return
     t = graph.tensors[outputs[0]]
-    before = original.get(outputs[0])
-    if before is None or t.dtype == before:
+    if not before or before[0] is None or t.dtype == before[0] or t.dtype not in _CODES:
         return
-    for a in node.attribute:
-        if a.name in ("to", "dtype") and a.type == a.INT:
+    row = DEFAULT_REGISTRY.lookup_onnx(node.domain, node.op_type)
+    wanted = set(row.dtype_attrs) if row else set()
+    present = set()
+    for i, a in enumerate(node.attribute):
+        present.add(a.name)
+        if a.name in {"to", "dtype"} | wanted and a.type == a.INT:
             a.i = dtype_to_onnx(t.dtype)
         elif a.name == "value" and a.type == a.TENSOR:
             converted = to_dtype(numpy_helper.to_array(a.t), t.dtype)
             a.t.CopyFrom(numpy_helper.from_array(converted, a.t.name))
+        elif node.op_type == "Constant" and a.name in ("value_float", "value_floats"):
+            values = np.asarray(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
+            node.attribute[i].CopyFrom(helper.make_attribute("value", _tensor(to_dtype(values, t.dtype))))
+    if "value" in wanted and "value" not in present and node.op_type == "ConstantOfShape":
+        node.attribute.append(helper.make_attribute("value", _tensor(to_dtype(np.zeros(1, np.float32), t.dtype))))
+    if "dtype" in wanted and "dtype" not in present:
+        node.attribute.append(helper.make_attribute("dtype", dtype_to_onnx(t.dtype)))
+
+
+def _tensor(values: np.ndarray) -> TensorProto:
+    proto = TensorProto()
+    _fill_tensor(proto, "", values)
+    return proto
 
 
 def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
@@ -97,10 +122,21 @@ def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
         if t.folded_from and t.scope == scope and t.name in used and t.name not in imp.initializers:
             source = imp.initializers[t.folded_from]
             new = g.initializer.add()
-            _fill_tensor(new, t.name, to_dtype(_array(source, imp), t.dtype))
+            _fold_into(new, t, source, imp)
             imp.initializers[t.name] = new
     for i in reversed(unused):
         del g.initializer[i]
+
+
+def _fold_into(proto: TensorProto, t: Tensor, source: TensorProto, imp: OnnxImport) -> None:
+    """``proto`` := constant ``source`` cast to ``t.dtype``. From external data (a model loaded
+    lazily, over 2 GB say) the cast is deferred: ``files.save_model`` streams it chunk by chunk,
+    so no weight is ever held whole in memory."""
+    base = imp.graph.meta.get("base_dir")
+    if source.data_location == TensorProto.EXTERNAL and base:
+        defer_cast(proto, t.name, source, dtype_to_onnx(t.dtype), base)
+    else:
+        _fill_tensor(proto, t.name, to_dtype(_array(source, imp), t.dtype))
 
 
 def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:

@@ -3,8 +3,10 @@
 Every node of the main graph and of every If/Loop/Scan subgraph becomes an IR op
 (subgraph ops carry the subgraph's scope path); graph inputs, initializers and
 node outputs become tensors with dtype and shape. Types come from the model's
-``value_info``; when some are missing, ONNX shape inference runs on a copy whose
-large initializers are stripped of their bytes (types and shapes are all it needs).
+``value_info``; ONNX shape inference fills the gaps, run on a copy whose large
+tensors are stripped of their bytes (types and shapes are all it needs). With
+``validate=True`` the model is checked first (``validation.py``). External data
+(a model loaded lazily) is never read whole: FP16 range checks read it in chunks.
 The importer keeps a map from IR op names to the original ``NodeProto`` so the
 emitter can apply the plan back onto the model.
 """
@@ -20,14 +22,13 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ..errors import ConversionError
 from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PrecisionGraph, Tensor
+from ..numerics import FP16_MAX, FP16_TINY, low_unsafe_reason  # noqa: F401 (re-exported)
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .schemas import port_groups
+from .validation import infer_types, validate_model, weight_range_reason
 
-_SMALL_INITIALIZER = 1024  # bytes kept when stripping initializers for shape inference
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
-FP16_MAX = 65504.0
-FP16_TINY = 2.0 ** -24  # smallest FP16 subnormal: nonzero magnitudes below it flush to zero
 
 
 @dataclass
@@ -39,22 +40,60 @@ class OnnxImport:
     nodes: dict[str, NodeProto] = field(default_factory=dict)  # IR op name -> node
     graphs: dict[str, GraphProto] = field(default_factory=dict)  # scope -> (sub)graph
     initializers: dict[str, TensorProto] = field(default_factory=dict)
+    strict: bool = False  # validate=True: also check that ports bound to one type parameter agree
 
 
 def import_model(model: ModelProto, *, registry: Registry | None = None, source: str = "model",
-                 default_dim: int = 8) -> OnnxImport:
+                 default_dim: int = 8, base_dir: str | None = None, validate: bool = False) -> OnnxImport:
+    """Build the IR of ``model``; with ``validate`` (as ``convert_onnx`` does) check it first
+    (``validation.validate_model``: a ``ConversionError`` naming the file, the node or
+    tensor and the reason for anything malformed). Without it, hand-built test graphs
+    with loose shapes import as they are.
+
+    ``base_dir`` is the folder external data lies in, for a model loaded without it
+    (``files.load_model(..., external_data="lazy")``): such tensors are read in chunks,
+    never whole. The model may be modified in place: values reused by sibling subgraphs
+    are renamed, nodes out of topological order are sorted.
+    """
     registry = registry or DEFAULT_REGISTRY
+    inferred = validate_model(model, source=source, base_dir=base_dir) if validate else infer_types(model)
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" in opsets:
         opsets[""] = opsets["ai.onnx"]
-    types = _collect_types(model, source)
+    types = _collect_types(model, inferred)
     graph = PrecisionGraph(model.graph.name or source)
     graph.meta.update(source=source, opsets=opsets, default_dim=default_dim)
-    imp = OnnxImport(graph, model)
+    if base_dir is not None:
+        graph.meta["base_dir"] = str(base_dir)
+    imp = OnnxImport(graph, model, strict=validate)
     _import_graph(imp, model.graph, "", types, opsets, registry, source)
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
+    _keep_qdq_units(graph)
     return imp
+
+
+_QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
+             "DequantizeLinear -> op -> QuantizeLinear into an int8 kernel")
+
+
+def _keep_qdq_units(graph: PrecisionGraph) -> None:
+    """Ops reading a DequantizeLinear output or feeding a QuantizeLinear keep their dtype.
+
+    Runtimes (ONNX Runtime, TensorRT) fuse these patterns into integer kernels; a cast
+    inside the pattern defeats the fusion, and the op would not run in FP16 anyway.
+    """
+    for op in graph.ops.values():
+        if op.op_type == "DequantizeLinear" and op.domain in ("", "com.microsoft") and op.outputs and op.outputs[0]:
+            for name, _ in graph.tensors[op.outputs[0]].consumers:
+                consumer = graph.ops[name]
+                if consumer.op_type not in ("QuantizeLinear", "DequantizeLinear") and consumer.forbid_low is None:
+                    consumer.forbid_low = _QDQ_KEEP
+        elif op.op_type == "QuantizeLinear" and op.domain in ("", "com.microsoft") and op.inputs and op.inputs[0]:
+            producer = graph.ops.get(graph.tensors[op.inputs[0]].producer or "")
+            if producer is not None and producer.op_type not in ("QuantizeLinear", "DequantizeLinear") \
+                    and producer.forbid_low is None:
+                producer.forbid_low = _QDQ_KEEP
 
 
 def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opsets: dict, registry: Registry,
@@ -65,11 +104,13 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         _define(graph, Tensor(init.name, onnx_to_dtype(init.data_type), tuple(init.dims), CONSTANT, scope=scope),
                 source, scope)
         imp.initializers[init.name] = init
-        _check_range(graph.tensors[init.name], init, source)
-    for inp in g.input:
+        _check_range(graph.tensors[init.name], init, graph.meta.get("base_dir"))
+    for k, inp in enumerate(g.input):
         if inp.name in imp.initializers:
             continue
         dtype, shape = _value_type(inp)
+        if dtype is None and scope:
+            dtype = _formal_input_dtype(graph, scope, k)
         _define(graph, Tensor(inp.name, dtype, shape, GRAPH_INPUT, scope=scope), source, scope)
     for idx, node in enumerate(g.node):
         name = node.name or f"{node.op_type}_{idx}"
@@ -83,6 +124,8 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
                 _define(graph, Tensor(out, dtype, shape, ACTIVATION, scope=scope), source, scope)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
+            _check_constant_range(graph.tensors[node.output[0]], node)
         for inp in node.input:
             if inp and inp not in graph.tensors:
                 raise ConversionError(source, f"node {node.name or name} ({node.op_type})",
@@ -95,6 +138,8 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         if opset is not None and domain in ("",):
             groups = port_groups(node.op_type, "", opset, len(node.input), len(node.output))
             op.port_groups = list(groups or ())
+            if imp.strict:
+                _check_port_types(graph, op, node, source, idx)
         graph.add_op(op)
         imp.nodes[name] = node
         for attr in node.attribute:
@@ -109,6 +154,43 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         t = graph.tensors[out.name]
         t.is_graph_output = True
         t.scope_output = t.scope_output or bool(scope)  # may be an outer value returned as is
+
+
+def _check_port_types(graph: PrecisionGraph, op: Op, node: NodeProto, source: str, idx: int) -> None:
+    """Ports bound to one type parameter of the schema must have one dtype (onnx's inference misses
+    some mismatches, in models with local functions for one; the casts the plan inserts would not
+    make such a model valid)."""
+    for group in op.port_groups:
+        seen: list[tuple[str, str]] = []
+        for names in ([op.inputs[i] for i in group.inputs if i < len(op.inputs)],
+                      [op.outputs[o] for o in group.outputs if o < len(op.outputs)]):
+            for name in names:
+                dtype = graph.tensors[name].dtype if name and name in graph.tensors else None
+                if dtype is None:
+                    continue
+                if seen and dtype != seen[0][1]:
+                    label = f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
+                    param = group.param.partition("@")[0].partition(":")[0]
+                    raise ConversionError(source, label, f"{seen[0][0]!r} ({seen[0][1]}) and {name!r} ({dtype}) "
+                                                         f"must have the same type {param}")
+                seen.append((name, dtype))
+
+
+def _formal_input_dtype(graph: PrecisionGraph, scope: str, k: int) -> str | None:
+    """dtype of an untyped subgraph input, from the value the owning Loop/Scan binds to it."""
+    owner = graph.ops.get(graph.scopes[scope][0])
+    if owner is None:
+        return None
+    if owner.op_type == "Loop":  # body inputs: iteration number, condition, loop-carried values
+        if k < 2:
+            return ("int64", "bool")[k]
+        actual = owner.inputs[k] if k < len(owner.inputs) else ""
+    elif owner.op_type == "Scan":  # body inputs: state values, then one slice of each scan input
+        offset = 1 if graph.meta.get("opsets", {}).get(owner.domain, 9) < 9 else 0  # Scan-8: sequence_lens
+        actual = owner.inputs[k + offset] if k + offset < len(owner.inputs) else ""
+    else:
+        return None
+    return graph.tensors[actual].dtype if actual and actual in graph.tensors else None
 
 
 def _define(graph: PrecisionGraph, tensor: Tensor, source: str, scope: str) -> None:
@@ -153,8 +235,8 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
     return None, None
 
 
-def _collect_types(model: ModelProto, source: str) -> dict[str, tuple[str | None, tuple | None]]:
-    """dtype and shape of every value the model declares; shape inference fills the gaps."""
+def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
+    """dtype and shape of every value the model declares; shape inference (``inferred``) fills the gaps."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
 
     def walk(g: GraphProto) -> tuple[int, int]:
@@ -175,80 +257,31 @@ def _collect_types(model: ModelProto, source: str) -> dict[str, tuple[str | None
                     known += k
         return outputs, known
 
-    outputs, known = walk(model.graph)
-    if known < outputs:
-        for name, value in _infer_types(model, source).items():
-            types.setdefault(name, value)
+    walk(model.graph)
+    for name, (code, shape) in inferred.items():
+        types.setdefault(name, (onnx_to_dtype(code), shape))
     return types
 
 
-def _infer_types(model: ModelProto, source: str) -> dict[str, tuple[str | None, tuple | None]]:
-    stripped = ModelProto()
-    stripped.CopyFrom(_without_large_data(model))
-    try:
-        inferred = onnx.shape_inference.infer_shapes(stripped, check_type=False, strict_mode=False)
-    except Exception as exc:  # inference is best effort: missing types are handled downstream
-        inferred = stripped
-        del exc
-    types: dict[str, tuple[str | None, tuple | None]] = {}
-
-    def walk(g: GraphProto) -> None:
-        for vi in (*g.value_info, *g.output):
-            dtype, shape = _value_type(vi)
-            if dtype is not None:
-                types[vi.name] = (dtype, shape)
-        for node in g.node:
-            for a in node.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
-                    walk(sub)
-
-    walk(inferred.graph)
-    return types
-
-
-def _without_large_data(model: ModelProto) -> ModelProto:
-    """A copy of the model whose large initializers have dims and dtype but no bytes."""
-    light = ModelProto()
-    light.CopyFrom(model) if model.ByteSize() < (64 << 20) else _copy_skeleton(model, light)
-    return light
-
-
-def _copy_skeleton(model: ModelProto, light: ModelProto) -> None:
-    graph = model.graph
-    saved = list(graph.initializer)
-    del graph.initializer[:]
-    try:
-        light.CopyFrom(model)
-    finally:
-        graph.initializer.extend(saved)
-    for init in saved:
-        t = light.graph.initializer.add()
-        t.name, t.data_type = init.name, init.data_type
-        t.dims.extend(init.dims)
-        if init.ByteSize() <= _SMALL_INITIALIZER:
-            t.CopyFrom(init)
-
-
-def _check_range(tensor: Tensor, init: TensorProto, source: str) -> None:
+def _check_range(tensor: Tensor, init: TensorProto, base_dir: str | None) -> None:
     """Mark float32 initializers whose values FP16 cannot hold (too large, or flushing to zero)."""
-    if init.data_type != TensorProto.FLOAT or init.data_location == TensorProto.EXTERNAL:
+    if init.data_type != TensorProto.FLOAT:
         return
-    values = _float_values(init)
-    if values is None or values.size == 0:
-        return
-    with np.errstate(invalid="ignore"):
-        big = max(abs(float(np.nanmin(values))), abs(float(np.nanmax(values))))
-    if big > FP16_MAX and np.isfinite(big):
-        tensor.low_unsafe = f"initializer {init.name} has values beyond the FP16 range (max |w| = {big:.3g})"
-        return
-    below = np.count_nonzero(np.abs(values) < FP16_TINY)
-    if not below:
-        return
-    zeros = np.count_nonzero(values == 0)
-    tiny, nonzero = below - zeros, values.size - zeros
-    if tiny and tiny * 100 >= nonzero:
-        tensor.low_unsafe = (f"initializer {init.name}: {tiny} of {nonzero} nonzero values are below the "
-                             f"smallest FP16 subnormal and would flush to zero")
+    # numerics.low_unsafe_reason's rule, read in chunks (external data is never loaded whole)
+    tensor.low_unsafe = weight_range_reason(f"initializer {init.name}", init, base_dir)
+
+
+def _check_constant_range(tensor: Tensor, node: NodeProto) -> None:
+    """The same for the value of a Constant node (an attention mask of -1e9, say)."""
+    for a in node.attribute:
+        if a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
+            values = _float_values(a.t)
+        elif a.name in ("value_float", "value_floats"):
+            values = np.asarray([a.f] if a.name == "value_float" else list(a.floats), dtype=np.float32)
+        else:
+            continue
+        if values is not None:
+            tensor.low_unsafe = low_unsafe_reason(f"constant {tensor.name}", values)
 
 
 def _float_values(init: TensorProto) -> np.ndarray | None:

@@ -25,6 +25,11 @@ def port_groups(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs:
     except Exception:  # onnx raises SchemaError; no schema means the registry decides alone
         return None
     params = {tc.type_param_str: frozenset(tc.allowed_type_strs) for tc in schema.type_constraints}
+    # A type parameter of sequence/optional values next to other type parameters (SequenceConstruct,
+    # OptionalGetElement, ...): dtypes flow between parameters through values the IR does not track,
+    # so every port keeps its source dtype. (Identity's one parameter is an ordinary unit group.)
+    containers = {p for p, allowed in params.items() if any(t.startswith(("seq(", "optional(")) for t in allowed)}
+    through_container = bool(containers) and len(params) > 1
 
     def allowed_of(type_str: str) -> tuple[str, frozenset[str]]:
         allowed = params.get(type_str, frozenset({type_str}))
@@ -49,5 +54,8 @@ def port_groups(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs:
 
     bind(schema.inputs, n_inputs, True)
     bind(schema.outputs, n_outputs, False)
-    return tuple(PortGroup(f"{k}@v{schema.since_version}", tuple(i), tuple(o), f, fixed_type=k.partition(":")[0] not in params)
+    output_params = {formal.type_str for formal in schema.outputs if formal.type_str in params}
+    return tuple(PortGroup(f"{k}@v{schema.since_version}", tuple(i), tuple(o), f,
+                           fixed_type=through_container or k.partition(":")[0] not in params,
+                           binds_output=k in output_params)
                  for k, (i, o, f) in members.items())
