@@ -9,7 +9,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["amp_compiler", "amp_compiler.onnx_io", "passes", "cost_model"],
+    packages=["amp_compiler", "amp_compiler.onnx_io", "amp_compiler.fx_io", "passes", "cost_model"],
     package_data={"cost_model": ["profiles/*.json"]},
     install_requires=[
         "numpy>=1.24",
@@ -38,5 +38,7 @@ setup(
     },
     entry_points={
         "console_scripts": ["amp-compile=amp_compiler.cli:main"],
+        # torch.compile(model, backend="amp_compiler") without importing amp_compiler first
+        "torch_dynamo_backends": ["amp_compiler = amp_compiler.backend:amp_compiler_backend"],
     },
 )

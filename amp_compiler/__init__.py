@@ -1,8 +1,12 @@
 """amp-compiler: graph-rewriting automatic mixed precision for ONNX and PyTorch models.
 
-Entry points: ``convert_onnx`` (ONNX in, ONNX out) and the ``amp-compile`` CLI; every
-entry point returns or saves a ``Report`` that says what runs in which precision and why.
+Entry points: ``convert_onnx`` (ONNX in, ONNX out), the ``amp-compile`` CLI, ``compile``
+(an ``nn.Module`` in, a mixed-precision module out) and the ``torch.compile`` backend
+``"amp_compiler"``; every entry point returns or saves a ``Report`` that says what runs in
+which precision and why.
 """
+
+import sys as _sys
 
 __version__ = "0.1.0"
 
@@ -10,4 +14,22 @@ from .errors import ConversionError  # noqa: E402
 from .onnx_api import convert_onnx  # noqa: E402
 from .report import Report  # noqa: E402
 
-__all__ = ["ConversionError", "Report", "__version__", "convert_onnx"]
+__all__ = ["ConversionError", "Report", "__version__", "compile", "convert_onnx"]
+
+#: public names whose modules import torch: resolved on first use, so ``import amp_compiler`` needs no torch
+_TORCH_API = {"compile": "torch_api"}
+
+
+def __getattr__(name: str):
+    if name in _TORCH_API:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_TORCH_API[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if _sys.modules.get("torch") is not None:  # a torch user: torch.compile(backend="amp_compiler") works now
+    try:
+        from . import backend as _backend  # noqa: F401  (registers the backend)
+    except ImportError:  # a torch too old for the backend; amp_compiler.compile reports it when called
+        pass

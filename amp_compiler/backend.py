@@ -1,0 +1,102 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="amp_compiler", options={...})``.
+
+Dynamo hands over each graph it captures (one per graph break); the backend retraces it
+to functional core-aten ops, plans it with the same passes as ``amp_compiler.compile`` and
+runs the rewritten graph eagerly, or through inductor with ``options={"backend": "inductor"}``
+so the remaining casts fuse into neighbouring kernels.
+
+Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes``,
+``planner``, ``keep_io_types``, ``default_dim`` -- as for ``amp_compiler.compile`` --
+``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
+requires grad), and ``on_report`` (a callable that receives each graph's ``Report``).
+The last reports are also kept in ``amp_compiler.backend.reports``.
+
+Weights reach dynamo graphs as inputs. For inference their FP16 copies are made once and
+recast only when a parameter changes in place; for training the casts stay in the graph
+so gradients reach the FP32 parameters.
+
+The backend is registered under the name ``amp_compiler`` when this module is imported
+(``import amp_compiler`` does it when torch is already imported) and, for an installed
+package, through the ``torch_dynamo_backends`` entry point, so the name works without
+importing anything first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from .dtypes import normalize_low_dtype
+from .fx_io.capture import dynamo_aten_graph, dynamo_weights
+from .fx_io.emitter import emit
+from .fx_io.importer import aten_op_types, import_graph_module
+from .plan import make_context, run_passes
+from .report import Report
+
+NAME = "amp_compiler"
+_PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile")
+_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "source"))
+#: reports of the last graphs compiled by the backend, newest last
+reports: deque[Report] = deque(maxlen=32)
+
+
+def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
+                         **kwargs: Any) -> Callable:
+    """Dynamo backend: plan and apply mixed precision on one captured graph."""
+    opts = {**(options or {}), **kwargs}
+    opts.pop("mode", None)  # torch.compile(mode=...) is inductor's; ignored here
+    unknown = set(opts) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown amp_compiler backend option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if opts.get("backend") not in (None, "inductor"):
+        raise ValueError(f"unknown backend {opts['backend']!r}: use None or 'inductor'")
+    low = normalize_low_dtype(str(opts.get("dtype", torch.float16)))
+    compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")  # frame/graph, as in TORCH_LOGS
+    source = opts.get("source") or f"torch.compile graph {compile_id if compile_id is not None else len(reports)}"
+    aten = dynamo_aten_graph(gm, example_inputs, source)
+    placeholders = [n for n in aten.graph.nodes if n.op == "placeholder"]
+    weights = {placeholders[i].name: spec for i, spec in dynamo_weights(gm, example_inputs).items()}
+    training = opts.get("training")
+    if training is None:
+        training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
+    ctx = make_context(dtype=low, training=bool(training), **{k: opts[k] for k in _PLAN_OPTIONS if k in opts})
+    imp = import_graph_module(aten, source=source, training=bool(training), weights=weights, low_dtype=low,
+                              default_dim=ctx.default_dim)
+    ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
+    report = run_passes(imp.graph, ctx, source, imp.dim_values)
+    folded = emit(imp)
+    reports.append(report)
+    if opts.get("on_report"):
+        opts["on_report"](report)
+    aten.report = report
+    inner: Callable = aten
+    if opts.get("backend") == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        inner = compile_fx(aten, list(example_inputs))
+    if not folded.entries:
+        return inner
+
+    def run(*args: Any) -> Any:
+        folded.refresh(args=args)
+        return inner(*args)
+
+    return run
+
+
+def register() -> None:
+    """Make ``backend="amp_compiler"`` resolve to this backend (idempotent)."""
+    from torch._dynamo.backends import registry
+
+    known = getattr(registry, "_BACKENDS", {})
+    if NAME in known or NAME in getattr(registry, "_COMPILER_FNS", {}):
+        return  # registered already, or found through the entry point (which imports this module)
+    registry.register_backend(amp_compiler_backend, name=NAME)
+
+
+register()
+
+__all__ = ["NAME", "amp_compiler_backend", "register", "reports"]

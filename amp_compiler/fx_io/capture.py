@@ -1,0 +1,144 @@
+"""Capture: an aten-level, functional FX graph of a model's forward.
+
+* ``export_graph`` (for ``amp_compiler.compile``): ``torch.export`` (non-strict) with the
+  core-aten decompositions, unlifted into a ``GraphModule`` that keeps the model's module
+  hierarchy, shares its parameters and buffers, takes the forward's signature and writes
+  mutated buffers back (``copy_``, e.g. BatchNorm running statistics in training mode).
+  Python control flow on shapes and constants is specialised; data-dependent control flow
+  fails with a ``ConversionError`` that names the line.
+* ``dynamo_aten_graph`` (for the ``torch.compile`` backend): dynamo's graph retraced with
+  ``make_fx`` under dynamo's fake mode, functionalised (in-place ops become out-of-place
+  ops plus ``copy_`` into mutated inputs) and decomposed the same way, so both entry
+  points give the importer the same ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import sys
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+from ..errors import ConversionError
+from .importer import WeightSpec, dotted_path
+
+
+def _decompositions():
+    from torch._decomp import core_aten_decompositions
+
+    return core_aten_decompositions()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """On failure torch.export prints the partial graph to stderr and logs warnings; the
+    ``ConversionError`` says what matters (the partial graph stays on the chained exception)."""
+    loggers = [logging.getLogger(n) for n in ("torch.fx.experimental.symbolic_shapes", "torch._export",
+                                               "torch.export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), warnings.catch_warnings():
+            # pytree deprecation raised inside torch.export itself; nothing a user can act on
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            yield
+        sys.stderr.write(captured.getvalue())  # what a successful capture printed still reaches the user
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, source: str,
+                 dynamic_shapes: Any = None) -> fx.GraphModule:
+    """The unlifted, decomposed export of ``model(*args, **kwargs)``."""
+    try:
+        with _quiet():
+            program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            program = program.run_decompositions(_decompositions())
+            return program.module()
+    except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
+        raise capture_error(exc, source) from exc
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)(?:\n    (\S.*))?')
+
+
+def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -> ConversionError:
+    """A ``ConversionError`` naming the construct and the user's line that torch could not capture."""
+    text = str(exc)
+    frames = [m for m in _FRAME.finditer(text) if "/torch/" not in m.group(1)]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f"{f.group(1)}:{f.group(2)} in {f.group(3)}" + (f": `{f.group(4).strip()}`" if f.group(4) else "")
+    else:
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if "/torch/" not in code.co_filename and "amp_compiler" not in code.co_filename:
+                where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+            tb = tb.tb_next
+    name = type(exc).__name__
+    if name == "GuardOnDataDependentSymNode" or "data-dependent" in text:
+        reason = ("data-dependent Python control flow (an if/while/int()/.item() on a tensor's value) "
+                  "cannot be captured as one graph; rewrite it with torch.where/torch.cond, or use "
+                  "torch.compile(model, backend='amp_compiler'), which splits the graph there")
+    else:
+        first = next((line for line in text.splitlines() if line.strip()), name)
+        reason = f"{tool} could not capture the model ({name}: {first.strip()[:300]})"
+    return ConversionError(source, where or "forward", reason)
+
+
+# -- dynamo --------------------------------------------------------------------------------------
+
+def dynamo_weights(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, WeightSpec]:
+    """Placeholders of a dynamo graph that carry module parameters or buffers, by position."""
+    out: dict[int, WeightSpec] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
+        grapharg = node.meta.get("grapharg")
+        src = getattr(grapharg, "source", None)
+        name = getattr(src, "name", "")
+        text = str(name() if callable(name) else name)
+        is_param = isinstance(example, torch.nn.Parameter) or "_parameters" in text
+        if not (is_param or "_buffers" in text) or not isinstance(example, torch.Tensor):
+            continue
+        out[i] = WeightSpec(dotted_path(text) or node.name, is_param, i, example)
+    return out
+
+
+def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source: str) -> fx.GraphModule:
+    """Retrace dynamo's graph to functional core-aten ops, keeping its inputs and outputs."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value") for n in placeholders]
+    # dynamo's own fakes (with its symbolic shapes); the tracing context may hold another mode
+    mode = next((f.fake_mode for f in fakes if isinstance(f, FakeTensor)), None)
+    if mode is None or any(f is None for f in fakes):
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+
+    def run(*args):
+        return fx.Interpreter(gm).run(*args)
+
+    try:
+        with mode, fx.traceback.preserve_node_meta():
+            traced = make_fx(torch.func.functionalize(run, remove="mutations"),
+                             decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+    except Exception as exc:  # noqa: BLE001
+        raise capture_error(exc, source, "make_fx (retracing dynamo's graph)") from exc
+    return traced
+
+
+__all__ = ["capture_error", "dynamo_aten_graph", "dynamo_weights", "export_graph"]

@@ -1,0 +1,354 @@
+"""FX importer: an aten-level ``torch.fx.GraphModule`` -> ``PrecisionGraph``.
+
+Every ``call_function`` node that reads or writes tensors becomes an IR op whose
+canonical op comes from the registry's aten column; placeholders become graph inputs,
+parameters and buffers (``get_attr`` nodes, or placeholders the caller names) become
+constants: ``CONSTANT`` when the weights are frozen for inference (the casts pass folds
+their casts, the emitter stores one low-precision copy), ``PARAMETER`` when gradients
+must reach the FP32 master copy or the graph itself writes the buffer (the cast stays a
+run-time op). ``operator.getitem`` on a multi-output op is not an op: it names one of
+the op's output tensors. Nodes that only handle sizes (``sym_size``, guards) are left
+out of the IR and untouched by the emitter.
+
+Values FP16 cannot hold are flagged (``Tensor.low_unsafe``) on FP32 weights and on the
+outputs of ops with an out-of-range scalar argument (``full(..., -3.4e38)``, the usual
+attention-mask fill), and the flag follows the value through data movement and
+``VALUE_FLOW`` ops; the propagate pass keeps every op that reads a flagged value FP32.
+
+Op names are readable: the module path the op was traced in plus the aten op,
+``encoder.layer.0.attention.self.query/aten.addmm``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..dtypes import FLOAT16
+from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, PARAMETER, Op, PrecisionGraph, Tensor
+from ..numerics import low_unsafe_reason, scalar_low_unsafe
+from ..registry import CLEAR, DEFAULT_REGISTRY, Registry
+from .dtypes import torch_to_dtype
+from .schemas import CAST_PACKETS, ir_order, is_pure_cast, packet_name, port_groups, writes_arguments
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """A parameter or buffer that reaches the graph as a placeholder (dynamo graphs)."""
+
+    fqn: str
+    is_parameter: bool
+    index: int  # position among the graph's placeholders
+    value: torch.Tensor | None = None  # the real tensor (placeholders only carry fake ones)
+
+
+@dataclass
+class FxImport:
+    """The IR plus what the emitter needs to find its way back into the GraphModule."""
+
+    graph: PrecisionGraph
+    gm: fx.GraphModule
+    nodes: dict[str, fx.Node] = field(default_factory=dict)  # IR op -> node
+    ports: dict[str, list[int]] = field(default_factory=dict)  # IR op -> tensor-leaf index of each input port
+    values: dict[str, tuple[fx.Node, int | None]] = field(default_factory=dict)  # IR tensor -> (node, index)
+    output_leaves: list[str | None] = field(default_factory=list)  # IR tensor of each node leaf of the output
+    weights: dict[str, tuple[torch.Tensor, str, int | None]] = field(default_factory=dict)  # tensor -> (value, fqn, ph)
+    dim_values: dict[str, int] = field(default_factory=dict)
+    training: bool = False
+
+
+def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: bool = False,
+                        weights: dict[str, WeightSpec] | None = None, registry: Registry | None = None,
+                        low_dtype: str = FLOAT16, default_dim: int = 8) -> FxImport:
+    """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers."""
+    registry = registry or DEFAULT_REGISTRY
+    weights = weights or {}
+    graph = PrecisionGraph(source)
+    graph.meta.update(source=source, default_dim=default_dim)
+    imp = FxImport(graph, gm, training=training)
+    mutated = _written_nodes(gm)
+    names: dict[fx.Node, str] = {}  # single-tensor nodes (incl. getitem) -> IR tensor
+    op_names: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = _val(node)
+            if not isinstance(val, torch.Tensor):
+                continue
+            spec = weights.get(node.name)
+            if spec is None:
+                names[node] = _add_tensor(imp, node.name, val, GRAPH_INPUT, (node, None))
+                graph.inputs.append(names[node])
+            else:
+                real = spec.value if spec.value is not None else val
+                kind = _weight_kind(real, spec.is_parameter, training, node in mutated)
+                names[node] = _add_weight(imp, spec.fqn, real, kind, (node, None), spec.index, low_dtype)
+        elif node.op == "get_attr":
+            value = _fetch(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                if node.target in graph.tensors:  # the same weight read twice
+                    names[node] = node.target
+                    continue
+                kind = _weight_kind(value, isinstance(value, torch.nn.Parameter), training, node in mutated)
+                names[node] = _add_weight(imp, node.target, value, kind, (node, None), None, low_dtype)
+        elif node.op == "call_function":
+            if node.target is operator.getitem:
+                continue  # named when its producer was imported
+            _import_op(imp, node, names, op_names, registry, low_dtype)
+        elif node.op == "output":
+            leaves: list[str | None] = []
+            fx.node.map_arg(node.args, lambda n: leaves.append(names.get(n)) or n)
+            imp.output_leaves = leaves
+            for name in leaves:
+                if name is not None:
+                    graph.tensors[name].is_graph_output = True
+                    graph.outputs.append(name)
+    return imp
+
+
+# -- tensors --------------------------------------------------------------------------------------
+
+def _val(node: fx.Node) -> Any:
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _shape(imp: FxImport, val: torch.Tensor) -> tuple:
+    dims = []
+    for d in val.shape:
+        if isinstance(d, int):
+            dims.append(d)
+            continue
+        const = d.node.maybe_as_int() if hasattr(d.node, "maybe_as_int") else None
+        if const is not None:
+            dims.append(int(const))
+            continue
+        name = str(d)
+        hint = getattr(d.node, "hint", None)
+        if hint is not None:
+            imp.dim_values[name] = int(hint)
+        dims.append(name)
+    return tuple(dims)
+
+
+def _add_tensor(imp: FxImport, name: str, val: torch.Tensor, kind: str, where: tuple[fx.Node, int | None]) -> str:
+    graph = imp.graph
+    base, k = name, 1
+    while name in graph.tensors:
+        name, k = f"{base}#{k}", k + 1
+    graph.add_tensor(Tensor(name, torch_to_dtype(val.dtype), _shape(imp, val), kind))
+    imp.values[name] = where
+    return name
+
+
+def _weight_kind(val: torch.Tensor, is_parameter: bool, training: bool, written: bool) -> str:
+    if written or (training and is_parameter and val.requires_grad):
+        return PARAMETER
+    return CONSTANT
+
+
+def _add_weight(imp: FxImport, fqn: str, value: torch.Tensor, kind: str, where, index: int | None,
+                low_dtype: str) -> str:
+    name = _add_tensor(imp, fqn, value, kind, where)
+    imp.weights[name] = (value, fqn, index)
+    if value.dtype == torch.float32 and low_dtype == FLOAT16 and not _is_fake(value):
+        label = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
+        imp.graph.tensors[name].low_unsafe = low_unsafe_reason(
+            f"{label} {fqn}", value.detach().reshape(-1).cpu().numpy())
+    return name
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
+def _fetch(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _written_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes (weights, inputs) that an op of the graph writes in place (``copy_`` into a buffer)."""
+    out: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and writes_arguments(node.target):
+            schema = node.target._schema
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                    if isinstance(value, fx.Node):
+                        out.add(value)
+    return out
+
+
+# -- ops ------------------------------------------------------------------------------------------
+
+def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registry: Registry,
+               low_dtype: str) -> None:
+    graph = imp.graph
+    val = _val(node)
+    results = _tensor_results(val)
+    leaves: list[fx.Node] = []
+    scalars: list[Any] = []
+
+    def collect(n):
+        leaves.append(n)
+        return n
+
+    fx.node.map_arg((node.args, node.kwargs), collect)
+    tensor_leaves = [i for i, n in enumerate(leaves) if n in names]
+    if results is None and not tensor_leaves:
+        return  # size arithmetic, guards, ...: not an op on tensors
+    _scalars(node.args, scalars)
+    _scalars(list(node.kwargs.values()), scalars)
+    packet = packet_name(node.target)
+    order = ir_order(packet, len(tensor_leaves))
+    ports = [tensor_leaves[i] for i in order]
+    inputs = [names[leaves[i]] for i in ports]
+    op_name = _unique(_op_name(node, packet), op_names)
+    outputs = _import_results(imp, node, results, names)
+    canonical = _canonical(registry, packet, node)
+    namespace = getattr(node.target, "namespace", "")
+    op = Op(op_name, str(node.target), inputs, outputs, domain="" if namespace == "aten" else namespace,
+            attrs=_attrs(packet, node), canonical=canonical)
+    row = registry.by_canonical.get(canonical) if canonical else None
+    in_dtypes = [graph.tensors[t].dtype for t in inputs]
+    out_dtypes = [graph.tensors[t].dtype for t in outputs]
+    op.port_groups = port_groups(packet, node.target, node, in_dtypes, out_dtypes,
+                                 row.fp32_inputs if row else (), row.fp32_outputs if row else ())
+    unsafe = None
+    if low_dtype == FLOAT16:
+        big = next((s for s in scalars if scalar_low_unsafe(s)), None)
+        if big is not None:
+            op.forbid_low = unsafe = f"{op_name}: argument {big:.3g} is beyond the FP16 range"
+    if unsafe is None and row is not None and (row.op_class == CLEAR and canonical != "cast"
+                                               or canonical in VALUE_FLOW):
+        unsafe = next((graph.tensors[t].low_unsafe for t in inputs if graph.tensors[t].low_unsafe), None)
+    for t in outputs if unsafe else ():
+        graph.tensors[t].low_unsafe = graph.tensors[t].low_unsafe or unsafe
+    if canonical == "unscale_marker":  # gradients divided by the loss scale (training.py)
+        for t in outputs:
+            graph.tensors[t].unscale_marker = True
+    graph.add_op(op)
+    imp.nodes[op_name] = node
+    imp.ports[op_name] = ports
+
+
+#: ops whose output carries their inputs' extreme values (data movement aside): an FP32 value
+#: FP16 cannot hold (a weight, a ``finfo(float32).min`` mask fill) stays flagged through them,
+#: so no op on the way casts it to FP16 (where it would become inf)
+VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip"})
+
+
+def _tensor_results(val: Any) -> list[torch.Tensor | None] | None:
+    """The op's results as a list (None entries for non-tensors), or None when it returns no tensor."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in val):
+        return [v if isinstance(v, torch.Tensor) else None for v in val]
+    return None
+
+
+def _import_results(imp: FxImport, node: fx.Node, results, names: dict) -> list[str]:
+    if results is None:
+        return []
+    if isinstance(_val(node), torch.Tensor):
+        names[node] = _add_tensor(imp, node.name, results[0], ACTIVATION, (node, None))
+        return [names[node]]
+    getitems = {u.args[1]: u for u in node.users if u.op == "call_function" and u.target is operator.getitem}
+    outputs = []
+    for i, r in enumerate(results):
+        if r is None:
+            outputs.append("")
+            continue
+        user = getitems.get(i)
+        name = _add_tensor(imp, user.name if user is not None else f"{node.name}#{i}", r, ACTIVATION, (node, i))
+        if user is not None:
+            names[user] = name
+        outputs.append(name)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return outputs
+
+
+def _scalars(args, out: list) -> None:
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            _scalars(a, out)
+        elif isinstance(a, float):
+            out.append(a)
+
+
+def _canonical(registry: Registry, packet: str, node: fx.Node) -> str | None:
+    if packet in CAST_PACKETS:
+        if is_pure_cast(packet, node):
+            return "cast"
+        return "identity" if node.kwargs.get("dtype") is None else None
+    if packet == "convolution" and len(node.args) > 6 and node.args[6]:
+        return "conv_transpose"
+    row = registry.lookup_aten(packet)
+    if row is None and packet.endswith("_") and not packet.endswith("__"):
+        row = registry.lookup_aten(packet[:-1])  # in-place variant: add_ -> add
+    return row.canonical if row else None
+
+
+def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
+    if packet == "convolution" and len(node.args) > 8:
+        return {"group": int(node.args[8]) if isinstance(node.args[8], int) else 1}
+    return {}
+
+
+_SUBSCRIPT = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def dotted_path(text: str) -> str:
+    """A dynamo source or module path as a dotted path: ``L['self']._modules['fc'].w`` -> ``fc.w``."""
+    path = re.sub(r"^L\[['\"]\w+['\"]\]", "", str(text))  # the frame's local (self, fn, ...)
+    path = re.sub(r"\._(?:modules|parameters|buffers)(?=\[)", "", path)
+    return _SUBSCRIPT.sub(lambda m: "." + m.group(1), path).strip(".")
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module the node was traced in, as a dotted path (``""`` at top level)."""
+    stack = node.meta.get("nn_module_stack")
+    return dotted_path(list(stack.values())[-1][0]) if stack else ""
+
+
+def _op_name(node: fx.Node, packet: str) -> str:
+    namespace = getattr(node.target, "namespace", None) or "fn"
+    scope = module_path(node)
+    return f"{scope}/{namespace}.{packet}" if scope else f"{namespace}.{packet}"
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    base, k = name, 1
+    while name in taken:
+        k += 1
+        name = f"{base}#{k}"
+    taken.add(name)
+    return name
+
+
+def aten_op_types(graph: PrecisionGraph, names) -> frozenset[str]:
+    """``names`` plus the op types of the graph's ops that a short aten name names.
+
+    Users write ``"addmm"`` or ``"aten.addmm"``; the IR's op types are overloads
+    (``"aten.addmm.default"``), which the classify pass matches exactly.
+    """
+    names = frozenset(names)
+    out = set(names)
+    for op in graph.ops.values():
+        namespace, _, rest = op.op_type.partition(".")
+        packet = rest.rpartition(".")[0] or rest
+        if packet in names or f"{namespace}.{packet}" in names:
+            out.add(op.op_type)
+    return frozenset(out)
+
+
+__all__ = ["FxImport", "WeightSpec", "aten_op_types", "dotted_path", "import_graph_module", "module_path"]

@@ -1,0 +1,239 @@
+"""Python constructs through ``amp_compiler.compile``: they work, or fail naming the construct.
+
+Control flow, in-place ops, buffers (BatchNorm running statistics in train mode), several
+outputs, keyword arguments; plus the module contract: FP32 parameters shared with the
+model, folded FP16 copies that follow the master, the captured train/eval mode. Models are
+small MLP/CNN blocks planned for a T4, whose FP32 rate is 8x below its FP16 tensor-core rate,
+so their GEMMs go FP16 at these sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import amp_compiler  # noqa: E402
+from amp_compiler import ConversionError  # noqa: E402
+from benchmarks.torch_amp import count_casts, rel_error  # noqa: E402
+
+nn = torch.nn
+TARGET = "t4"
+
+
+def _seeded(module_fn):
+    torch.manual_seed(0)
+    return module_fn()
+
+
+class Block(nn.Module):
+    """Linear -> GELU -> Linear with a residual and a LayerNorm; GEMMs big enough for FP16."""
+
+    def __init__(self, d: int = 256):
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x + self.down(nn.functional.gelu(self.up(x))))
+
+
+def _fp16_gemms(report) -> list[str]:
+    return [o["name"] for o in report.ops if o["class"] == "allow" and o["precision"] == "float16"]
+
+
+def test_shape_dependent_python_control_flow_is_specialised():
+    class Loop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            for _ in range(x.shape[0] // 256):  # depends on a shape: unrolled at capture
+                x = self.block(x)
+            if x.dim() == 2:  # depends on a constant
+                x = x * 2
+            return x
+
+    model, x = _seeded(Loop).eval(), torch.randn(512, 256)
+    compiled = amp_compiler.compile(model, x, target=TARGET)
+    assert len(_fp16_gemms(compiled.report)) == 4  # two unrolled iterations
+    with torch.no_grad():
+        assert rel_error(model(x), compiled(x)) < 1e-2
+    with pytest.raises(Exception, match=r"x.size\(\)\[0\] == 512"):  # other shapes: torch's guard says why
+        compiled(torch.randn(256, 256))
+
+
+def test_data_dependent_control_flow_fails_naming_the_line():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            y = self.block(x)
+            if y.sum() > 0:
+                return y
+            return -y
+
+    with pytest.raises(ConversionError) as err:
+        amp_compiler.compile(_seeded(Branchy).eval(), torch.randn(512, 256), target=TARGET)
+    message = str(err.value)
+    assert message.startswith("Branchy: ") and "test_torch_constructs.py" in message
+    assert "`if y.sum() > 0:`" in message and "data-dependent Python control flow" in message
+    assert "backend='amp_compiler'" in message  # the way out: dynamo splits the graph there
+
+
+def test_in_place_ops_are_functionalised():
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            h = self.block(x)
+            h.mul_(0.5)
+            h += x
+            torch.relu_(h)
+            return h
+
+    model, x = _seeded(InPlace).eval(), torch.randn(512, 256)
+    compiled = amp_compiler.compile(model, x, target=TARGET)
+    assert len(_fp16_gemms(compiled.report)) == 2
+    with torch.no_grad():
+        assert rel_error(model(x), compiled(x)) < 1e-2
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(32, 64, 3, padding=1, bias=False)  # BN cancels a conv bias (zero gradient)
+        self.bn, self.fc = nn.BatchNorm2d(64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x)))
+        return self.fc(h.mean((2, 3)))
+
+
+def test_batchnorm_buffers_update_in_train_mode_and_gradients_reach_fp32_weights():
+    model = _seeded(ConvBN).train()
+    twin = copy.deepcopy(model)
+    x = torch.randn(16, 32, 32, 32)
+    compiled = amp_compiler.compile(twin, x, target=TARGET)
+    conv = next(o for o in compiled.report.ops if o["op_type"] == "aten.convolution.default")
+    assert conv["precision"] == "float16"
+    bn = next(o for o in compiled.report.ops if "batch_norm" in o["op_type"])
+    assert bn["precision"] == "float16"  # statistics stay FP32 (fx_io.schemas case 4)
+    for step in range(2):
+        target = torch.randn(16, 10)
+        (model(x) * target).sum().backward()
+        (compiled(x) * target).sum().backward()
+    assert twin.bn.num_batches_tracked.item() == model.bn.num_batches_tracked.item() == 2
+    assert twin.bn.running_mean.dtype == torch.float32
+    assert rel_error(model.bn.running_mean, twin.bn.running_mean) < 1e-2
+    assert rel_error(model.bn.running_var, twin.bn.running_var) < 1e-2
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert q.dtype == q.grad.dtype == torch.float32
+        assert rel_error(p.grad, q.grad) < 5e-2  # FP16 backward through the conv: ~2e-2 here
+    # training graph: the weight casts stay run-time ops, so gradients flow through them
+    assert any(c["tensor"] == "conv.weight" for c in compiled.report.casts)
+    with pytest.raises(RuntimeError, match="compiled in train mode.*Compile model.eval\\(\\) separately"):
+        compiled.eval()
+    compiled.train()  # the captured mode is fine
+
+
+def test_several_outputs_and_keyword_arguments():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+            self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 64)
+
+        def forward(self, x, *, bias=None, scale: float = 1.0):
+            h = self.block(x) * scale
+            if bias is not None:
+                h = h + bias
+            return {"a": self.a(h), "pooled": self.b(h).softmax(-1)}, h.argmax(-1)
+
+    model, x, bias = _seeded(Heads).eval(), torch.randn(512, 256), torch.randn(256)
+    compiled = amp_compiler.compile(model, x, example_kwargs={"bias": bias, "scale": 0.5}, target=TARGET)
+    with torch.no_grad():
+        (ref, ref_idx), (out, idx) = model(x, bias=bias, scale=0.5), compiled(x, bias=bias, scale=0.5)
+    assert out.keys() == ref.keys()
+    for key in ref:
+        assert out[key].dtype == ref[key].dtype == torch.float32
+        assert rel_error(ref[key], out[key]) < 1e-2
+    assert idx.dtype == torch.int64 and (idx == ref_idx).float().mean() > 0.95
+    assert len(_fp16_gemms(compiled.report)) == 4
+    with pytest.raises(Exception, match="scale == 0.5"):  # a Python scalar is specialised; the guard names it
+        compiled(x, bias=bias, scale=2.0)
+
+
+def test_dynamic_batch_plans_for_the_example_and_runs_other_sizes():
+    from torch.export import Dim
+
+    model, x = _seeded(Block).eval(), torch.randn(512, 256)
+    compiled = amp_compiler.compile(model, x, target=TARGET, dynamic_shapes=({0: Dim("batch", min=2)},))
+    assert 512 in compiled.report.summary["dim_values"].values()  # the cost model sized the batch by the example
+    assert len(_fp16_gemms(compiled.report)) == 2
+    small = torch.randn(24, 256)
+    with torch.no_grad():
+        assert rel_error(model(small), compiled(small)) < 1e-2
+
+
+def test_folded_copies_follow_load_state_dict():
+    model, x = _seeded(Block).eval(), torch.randn(512, 256)
+    compiled = amp_compiler.compile(model, x, target=TARGET)
+    assert count_casts(compiled) == 2  # the input down, the output up: weights are folded
+    other = _seeded(Block)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.5)
+        compiled.load_state_dict(other.state_dict())  # writes the shared FP32 masters in place
+        assert rel_error(other.eval()(x), compiled(x)) < 1e-2
+        assert torch.equal(model.up.weight, other.up.weight)
+
+
+def test_bfloat16_and_user_overrides():
+    model, x = _seeded(Block).eval(), torch.randn(512, 256)
+    bf16 = amp_compiler.compile(model, x, target=TARGET, dtype=torch.bfloat16)
+    assert {o["precision"] for o in bf16.report.ops if o["class"] == "allow"} == {"bfloat16"}
+    with torch.no_grad():
+        assert rel_error(model(x), bf16(x)) < 3e-2
+    denied = amp_compiler.compile(model, x, target=TARGET, deny=["addmm"], deny_nodes=["norm/aten.native_layer_norm"])
+    for op in denied.report.ops:
+        if op["op_type"] == "aten.addmm.default" or op["name"] == "norm/aten.native_layer_norm":
+            assert op["precision"] == "float32" and "by the user" in op["reason"], op
+
+
+@pytest.mark.parametrize("scale, phrase", [(1e7, "beyond the FP16 range"), (1e-7, "would flush to zero")])
+def test_weights_fp16_cannot_hold_keep_their_op_fp32(scale, phrase):
+    model, x = _seeded(Block).eval(), torch.randn(512, 256)
+    with torch.no_grad():
+        model.up.weight.mul_(scale)  # read through a permute: the flag follows the weight through views
+    compiled = amp_compiler.compile(model, x, target=TARGET)
+    up = next(o for o in compiled.report.ops if o["name"] == "up/aten.addmm")
+    assert up["precision"] == "float32" and phrase in up["reason"] and "parameter up.weight" in up["reason"]
+    assert not any(c["tensor"] == "up.weight" for c in compiled.report.casts)  # never cast, never clamped
+    if scale < 1:  # (large weights make large activations, which the FP16 GEMM after them cannot hold)
+        with torch.no_grad():
+            assert rel_error(model(x), compiled(x)) < 1e-2
+
+
+def test_a_plan_with_nothing_to_convert_leaves_the_graph_as_captured():
+    from amp_compiler.fx_io.capture import export_graph
+
+    model, x = _seeded(Block).eval(), torch.randn(8, 256)  # 8 rows: launch-bound, all FP32 on an H100
+    compiled = amp_compiler.compile(model, x)
+    assert not _fp16_gemms(compiled.report)
+    assert compiled.code == export_graph(model, (x,), None, source="Block").code
+
+
+def test_not_a_module_and_unknown_backend_are_refused():
+    with pytest.raises(TypeError, match="nn.Module"):
+        amp_compiler.compile(lambda x: x, torch.ones(1))
+    with pytest.raises(ValueError, match="unknown backend"):
+        amp_compiler.compile(Block(), torch.ones(2, 256), backend="tensorrt")
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        amp_compiler.compile(Block(), torch.ones(2, 256), dtype=torch.float64)
