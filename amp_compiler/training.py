@@ -158,7 +158,7 @@ def capture_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     was_training = model.training
     model.train()
     try:
-        gm = make_fx(step, tracing_mode="real")(*example)
+        gm = make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
     except ConversionError:
         raise
     except Exception as exc:  # tracing errors name the construct in their message
@@ -168,3 +168,52 @@ def capture_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     finally:
         model.train(was_training)
     return gm, layout, opt, state
+
+
+def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+                     example_batch: tuple, *, loss_scale: Any = "dynamic", target: str = "h100",
+                     dtype: torch.dtype | str = torch.float16, backend: str | None = None,
+                     planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int = 1,
+                     init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                     growth_interval: int = 2000) -> TrainStep:
+    """One captured, mixed-precision training step: ``loss = step(*batch)``.
+
+    ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
+    ``loss_fn(model(*inputs), *targets)``. ``optimizer`` is a ``torch.optim`` SGD, Adam or
+    AdamW over ``model``'s parameters; its hyper-parameters are read at every step.
+    ``loss_scale`` is ``"dynamic"`` (torch.amp's defaults: 2**16, x2 after 2000 clean
+    steps, x0.5 on overflow), a number (constant scale) or ``"none"``. The step writes
+    the new parameters into ``model``; ``step.report`` is the per-op report of the step
+    graph (forward, backward and optimizer).
+    """
+    from .dtypes import normalize_low_dtype
+    from .fx_io.emitter import emit
+    from .fx_io.importer import WeightSpec, import_graph_module
+    from .plan import make_context, run_passes
+
+    if backend not in (None, "inductor"):
+        raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
+    config = ls.LossScaleConfig.parse(loss_scale) if loss_scale in (None, "none") else \
+        ls.LossScaleConfig.parse(loss_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                                 growth_interval=growth_interval)
+    if config.mode == "dynamic":
+        config = ls.LossScaleConfig("dynamic", init_scale, growth_factor, backoff_factor, growth_interval)
+    example_batch = tuple(example_batch)
+    gm, layout, opt, state = capture_step(model, loss_fn, optimizer, example_batch, config, n_targets)
+    low = normalize_low_dtype(str(dtype))
+    source = f"{type(model).__name__} training step"
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = dict(model.named_parameters())
+    weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
+               for i, name in enumerate(layout.param_names)}
+    imp = import_graph_module(gm, source=source, training=True, weights=weights, low_dtype=low)
+    for op in imp.graph.ops.values():
+        if op.canonical == "unscale_marker":
+            for out in op.outputs:
+                imp.graph.tensors[out].unscale_marker = True
+    ctx = make_context(target=target, dtype=low, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
+                       training=True)
+    report = run_passes(imp.graph, ctx, source, imp.dim_values)
+    emit(imp)
+    runner = torch.compile(gm, backend="inductor") if backend == "inductor" else gm
+    return TrainStep(model, optimizer, runner, layout, opt, config, state, report)
