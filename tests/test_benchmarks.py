@@ -1,0 +1,228 @@
+"""The benchmark harness works (no timing assertions: performance is measured by the benchmarks).
+
+* the cost-model ruler (``amp_compiler.analysis``) reproduces the report's prediction on our
+  own output, and prices unsorted peer outputs;
+* a tool that fails is a cell of the peers table, not a crash;
+* one small zoo model goes through the peers harness with two tools in fresh processes;
+* the torture models build, and amp-compiler's outputs on them stay finite;
+* the scaling and GPU commands work on this machine (the GPU suite as a clean skip).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from amp_compiler.analysis import analyze_model, predicted_time, sort_nodes, topologically_sorted  # noqa: E402
+from amp_compiler.onnx_api import convert_onnx  # noqa: E402
+from benchmarks import common, peers, scaling, torture  # noqa: E402
+from benchmarks.synthetic import transformer_graph  # noqa: E402
+
+
+def _zoo_path(name: str) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    from benchmarks import zoo
+
+    return zoo.export_onnx(name, "small")
+
+
+# --------------------------------------------------------------------------- the ruler
+
+
+@pytest.mark.parametrize("planner", ["optimal", "all"])
+def test_ruler_reproduces_the_report_on_our_output(planner: str) -> None:
+    path = _zoo_path("bert")
+    converted, report = convert_onnx(path, planner=planner)
+    a = analyze_model(converted)
+    s = report.summary
+    assert a.predicted_time_s == pytest.approx(s["predicted_time_mixed_s"], rel=0.03)
+    assert a.casts == s["casts"]
+    assert a.cast_bytes == s["cast_bytes"]
+    assert a.fp16_gemm_flop_fraction == pytest.approx(s["fp16_gemm_flop_fraction"], abs=1e-9)
+    assert a.low_precision_ops == s["fp16_nodes"]
+
+
+def test_ruler_on_a_synthetic_graph_with_casts() -> None:
+    model = transformer_graph(200, hidden=256, seq=128, batch=8)
+    converted, report = convert_onnx(model)
+    assert report.summary["casts"] > 0  # deny ops in every block force casts
+    a = analyze_model(converted)
+    assert a.predicted_time_s == pytest.approx(report.summary["predicted_time_mixed_s"], rel=0.03)
+    assert a.casts == report.summary["casts"]
+    fp32 = analyze_model(model)
+    assert fp32.casts == 0 and fp32.low_precision_ops == 0 and fp32.fp16_gemm_flop_fraction == 0.0
+    assert fp32.predicted_time_s == pytest.approx(report.summary["predicted_time_fp32_s"], rel=0.03)
+    assert predicted_time(converted) == pytest.approx(a.predicted_time_s)
+
+
+def test_ruler_prices_a_model_whose_nodes_are_out_of_order() -> None:
+    converted, _ = convert_onnx(transformer_graph(60, hidden=256, seq=128, batch=8))
+    expected = analyze_model(converted)
+    shuffled = onnx.ModelProto()
+    shuffled.CopyFrom(converted)
+    nodes = list(shuffled.graph.node)
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(nodes[::-1])  # as converters that append their casts at the end leave it
+    assert not topologically_sorted(shuffled.graph)
+    got = analyze_model(shuffled)
+    assert got.predicted_time_s == pytest.approx(expected.predicted_time_s)
+    assert got.casts == expected.casts
+    sort_nodes(shuffled.graph)
+    assert topologically_sorted(shuffled.graph)
+
+
+# --------------------------------------------------------------------------- peers harness
+
+
+def test_a_failing_tool_is_a_cell_not_a_crash(tmp_path: Path) -> None:
+    res = common.run_tool("amp-compiler", tmp_path / "missing.onnx", tmp_path / "out.onnx", timeout=120)
+    assert res["ok"] is False
+    assert "missing.onnx" in res["error"] or "not found" in res["error"]
+    res = common.run_tool("no-such-tool", tmp_path / "missing.onnx", tmp_path / "out.onnx", timeout=120)
+    assert res["ok"] is False and "unknown tool" in res["error"]
+
+    ok_cell = {"ok": True, "convert_s": 1.0, "peak_rss_kb": 2048, "rss_growth_kb": 1024, "loads": True,
+               "max_rel_error": 1e-3, "summary": {"predicted_time_all_fp16_s": 1e-3},
+               "analysis": {"nodes": 10, "casts": 2, "cast_bytes": 2 ** 20, "fp16_gemm_flop_fraction": 1.0,
+                            "predicted_time_s": 1.05e-3}}
+    results = [{"model": "bert", "fp32": {"loads": True, "analysis": {**ok_cell["analysis"], "casts": 0}},
+                "tools": {"amp-compiler": ok_cell,
+                          "ort-float16": {**ok_cell, "convert_s": 4.0, "max_rel_error": 2e-3},
+                          "occ-float16": {**ok_cell, "loads": False, "ort_error": "load failed: Type Error"},
+                          "modelopt-autocast": {"ok": False, "error": "ModelOpt not installed: pip failed"}}}]
+    text = peers.table(results)
+    assert "failed: ModelOpt not installed: pip failed" in text
+    assert "no: load failed: Type Error" in text
+    assert "1050 (1.05×)" in text
+    chk = peers.checks(results)
+    assert chk["bert_time_ratio_vs_ort"] == pytest.approx(0.25)
+    row = chk["models"]["bert"]
+    assert row["error_vs_best_peer"] == pytest.approx(0.5) and row["error_ok"]
+    assert row["predicted_ok"]
+    assert "time_ratio_vs_modelopt-autocast" not in row
+    assert "| bert" in "\n".join(peers.summary_lines(chk))
+
+
+def test_peers_harness_on_a_small_zoo_model() -> None:
+    path = _zoo_path("resnet")
+    entry = peers.run_model("resnet", "small", ("amp-compiler", "ort-float16"), 1, target="h100", timeout=300,
+                            log=lambda msg: None)
+    assert entry["file"] == path.name and entry["fp32"]["loads"]
+    for tool in ("amp-compiler", "ort-float16"):
+        cell = entry["tools"][tool]
+        assert cell["ok"], cell.get("error")
+        assert cell["convert_s"] > 0 and cell["peak_rss_kb"] > 0
+        assert cell["loads"] and math.isfinite(cell["max_rel_error"]) and cell["max_rel_error"] < 1e-2
+        assert cell["analysis"]["nodes"] >= entry["fp32"]["analysis"]["nodes"]
+    ours = entry["tools"]["amp-compiler"]
+    assert ours["analysis"]["predicted_time_s"] == pytest.approx(ours["summary"]["predicted_time_mixed_s"], rel=0.03)
+    assert "resnet" in peers.table([entry])
+
+
+def test_modelopt_requirements_are_cpu_only() -> None:
+    from benchmarks.modelopt_env import cpu_requirements
+
+    lines = ["numpy", "torch>=2.8", 'cupy-cuda12x; extra == "onnx"', 'onnx~=1.21.0; extra == "onnx"',
+             'onnxruntime-gpu~=1.24.2; platform_system != "Darwin" and extra == "onnx"',
+             'pytest~=9.1.0; extra == "dev-test"']
+    reqs = cpu_requirements(lines, "2.13.0+cpu")
+    assert "onnxruntime~=1.24.2" in reqs and not any("gpu" in r or "cupy" in r or "pytest" in r for r in reqs)
+    assert "torch==2.13.0+cpu" in reqs and "onnx~=1.21.0" in reqs
+    assert "torch>=2.8" in cpu_requirements(lines, None)
+
+
+# --------------------------------------------------------------------------- torture set
+
+
+def test_torture_models_build_and_ours_stays_finite() -> None:
+    cases = torture.build_cases()
+    assert {"exp_no_max", "rms_norm", "mask_1e9", "tiny_weights", "softmax_big_logits"} <= {c.name for c in cases}
+    for case in cases:
+        onnx.checker.check_model(case.model, full_check=True)
+        ref = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, case.feeds)
+        assert all(np.isfinite(r).all() for r in ref), case.name
+        converted, report = convert_onnx(case.model, calibration_inputs=case.feeds)
+        got = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, case.feeds)
+        assert all(np.isfinite(g).all() for g in got), case.name
+
+
+def test_fp16_storage_emulator_shows_what_cpu_islands_hide(tmp_path: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    case = next(c for c in torture.build_cases() if c.name == "exp_no_max")
+    src, full, ours = tmp_path / "fp32.onnx", tmp_path / "full.onnx", tmp_path / "ours.onnx"
+    onnx.save(case.model, src)
+    onnx.save(convert_float_to_float16(onnx.load(src), keep_io_types=True), full)
+    onnx.save(convert_onnx(case.model)[0], ours)
+    ref, _ = common.ort_outputs(src, case.feeds)
+    emulated_fp32, _ = torture.fp16_storage_outputs(src, case.feeds)
+    assert common.max_rel_error(ref, emulated_fp32) < 1e-4  # the emulator agrees with ORT in FP32
+    emulated_full, _ = torture.fp16_storage_outputs(full, case.feeds)
+    assert not all(np.isfinite(o).all() for o in emulated_full)  # exp overflows once stored in FP16
+    emulated_ours, _ = torture.fp16_storage_outputs(ours, case.feeds)
+    assert common.max_rel_error(ref, emulated_ours) <= torture.TOLERANCE  # Exp/ReduceSum stay FP32
+
+
+# --------------------------------------------------------------------------- scaling, GPU, helpers
+
+
+def test_scaling_measures_one_size_in_a_fresh_process() -> None:
+    row = scaling.measure(300)
+    assert row["ok"], row.get("error")
+    assert row["n_nodes"] >= 250 and row["convert_s"] > 0 and row["peak_rss_kb"] > 0
+    assert {"import", "convert", "casts", "emit"} <= set(row["stages"])
+    g = scaling.growth([{"requested": 10000, "ok": True, "n_nodes": 10000, "convert_s": 1.0, "peak_rss_kb": 100},
+                        {"requested": 100000, "ok": True, "n_nodes": 100000, "convert_s": 12.0, "peak_rss_kb": 900}])
+    assert g["linearity"] == pytest.approx(1.2) and g["t_100k_s"] == 12.0
+
+
+def test_gpu_suite_skips_cleanly_without_cuda() -> None:
+    from benchmarks import gpu_suite
+
+    present, _ = gpu_suite.cuda_available()
+    if present:
+        pytest.skip("a CUDA device is present: the suite would run for real")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert gpu_suite.main(["--no-readme"]) == 0
+    assert "no CUDA device: skipped" in out.getvalue()
+    assert gpu_suite.device_key("NVIDIA H100 80GB HBM3") == "h100"
+
+
+def test_gpu_calibration_code_runs_on_the_cpu_provider() -> None:
+    _zoo_path("bert")
+    from benchmarks import gpu_suite
+
+    result = gpu_suite.part_calibrate(["bert"], "h100", lambda msg: None, write_profile=False, size="small",
+                                      provider="CPUExecutionProvider")
+    assert result["entries"] > 10 and result["not_measured"] <= result["entries"] // 4, result["failures"]
+
+
+def test_markdown_table_and_readme_section(tmp_path: Path) -> None:
+    text = common.md_table(["a", "b"], [["x|y", 1.5]])
+    assert text.splitlines()[0].startswith("| a") and "x\\|y" in text
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- t:start -->\nold\n<!-- t:end -->\nrest\n")
+    assert common.update_readme_section("t", "new table", readme)
+    assert readme.read_text() == "intro\n<!-- t:start -->\nnew table\n<!-- t:end -->\nrest\n"
+    assert not common.update_readme_section("missing", "x", readme)
+    path = common.write_json("x.json", {"v": np.float32(1.5)}, results_dir=tmp_path)
+    assert json.loads(path.read_text()) == {"v": 1.5}
