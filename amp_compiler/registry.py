@@ -33,6 +33,10 @@ class OpDef:
     op_class: str
     flops: str = "elementwise"  # formula name in ``amp_compiler.flops``
     flops_per_element: float = 1.0
+    #: memory traffic: "all" (every input read, every output written), "gather" (reads from
+    #: input 0 only as many elements as it writes: a lookup in a big table is not a scan of
+    #: it) or "alias" (a view: moves no data)
+    traffic: str = "all"
     tensor_core: bool = False
     accumulates_fp32: bool = False
     #: ports that stay FP32 whatever the op's precision (by port index)
@@ -132,10 +136,12 @@ _op("average_pool", INFER, ["AveragePool", "GlobalAveragePool"], ["avg_pool2d", 
     flops="pool", accumulates_fp32=True, note="cuDNN pooling accumulates in FP32")
 
 # -- clear: data movement --------------------------------------------------------------------------
-_many(CLEAR, "Reshape/view,_unsafe_view,reshape Transpose/permute,transpose,t Squeeze/squeeze "
-             "Unsqueeze/unsqueeze Flatten/flatten Concat/cat Split/split,split_with_sizes "
-             "Slice/slice,narrow Gather/index_select,select GatherElements/gather GatherND/index "
-             "Expand/expand Tile/repeat Identity/clone,alias,detach,lift_fresh_copy DepthToSpace "
+_many(CLEAR, "Reshape/view,_unsafe_view,reshape Squeeze/squeeze Unsqueeze/unsqueeze Flatten/flatten "
+             "Identity/clone,alias,detach,lift_fresh_copy", traffic="alias")
+_many(CLEAR, "Slice/slice,narrow Gather/index_select,select GatherElements/gather GatherND/index",
+      traffic="gather")
+_many(CLEAR, "Transpose/permute,transpose,t Concat/cat Split/split,split_with_sizes "
+             "Expand/expand Tile/repeat DepthToSpace "
              "SpaceToDepth Compress ReverseSequence Scatter MaxPool/max_pool2d_with_indices,max_pool2d "
              "GlobalMaxPool MaxRoiPool MaxUnpool ReduceMax/amax,max ReduceMin/amin,min "
              "Pad/constant_pad_nd,pad CenterCropPad Col2Im TopK/topk Hardmax Shape Size NonZero/nonzero "
@@ -187,7 +193,7 @@ _op("control_flow", CLEAR, ["If", "Loop", "Scan"], ["cond", "while_loop"], flops
     note="subgraph boundaries keep their dtypes; the ops inside are planned on their own")
 
 # aten-only rows that the FX path needs (no ONNX op of that name).
-_op("embedding", CLEAR, [], ["embedding"])
+_op("embedding", CLEAR, [], ["embedding"], traffic="gather")
 _op("native_layer_norm_backward", INFER, [], ["native_layer_norm_backward"], flops="norm", accumulates_fp32=True)
 # backward ops of a captured training step (the forward ops' rows cover mm/addmm/bmm and the
 # elementwise backward math); bias gradients are sum reductions and stay deny.

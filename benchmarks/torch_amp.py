@@ -12,7 +12,7 @@ For each model it runs ``amp_compiler.compile`` and reports
 Sizes:
 
 * ``"ci"`` -- the zoo's small configs widened so that FP16 pays on the H100 roofline
-  (width 128, 512 tokens or 8 images per batch); the tests use these. Smaller configs are
+  (width 128, 1024 tokens or 16 images per batch); the tests use these. Smaller configs are
   launch-overhead bound: the optimal planner rightly keeps their tiny GEMMs FP32.
 * ``"base"`` -- the zoo's real sizes (BERT-base, GPT-2 124M, ResNet-50, ViT-B/16).
 
@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 
 TORCH_MODELS = ("bert", "gpt2", "resnet", "vit")
-CI_BATCH = 8
+CI_BATCH = 16
 #: allow-class aten ops whose FLOPs the issue asks to run in FP16
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul"})
 
@@ -40,7 +40,7 @@ _CI_CONFIG = {
     "vit": dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, image_size=64, patch_size=8),
     "resnet": dict(embedding_size=32, hidden_sizes=[64, 128, 256, 512]),
 }
-_CI_SEQ = 64
+CI_SEQ = 64
 
 
 def build(name: str, size: str = "ci"):
@@ -68,9 +68,9 @@ def build(name: str, size: str = "ci"):
             px = getattr(config, "image_size", inp.shape[-1])
             args.append(torch.randn((CI_BATCH, inp.shape[1], px, px), generator=gen))
         elif "mask" in inp.name:
-            args.append(torch.ones((CI_BATCH, _CI_SEQ), dtype=torch.int64))
+            args.append(torch.ones((CI_BATCH, CI_SEQ), dtype=torch.int64))
         else:
-            args.append(torch.randint(0, inp.high, (CI_BATCH, _CI_SEQ), generator=gen))
+            args.append(torch.randint(0, inp.high, (CI_BATCH, CI_SEQ), generator=gen))
     return wrapper, tuple(args)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amp_compiler.dtypes import FLOAT32, is_float
+from amp_compiler.dtypes import FLOAT32, is_float, itemsize
 from amp_compiler.flops import alignment_dims, op_flops
 from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, Op, PrecisionGraph, Tensor
 from amp_compiler.registry import DEFAULT_REGISTRY
@@ -100,12 +100,22 @@ class OpTimer:
         return cached
 
     def bytes(self, op: Op, dtype: str) -> float:
+        row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
+        traffic = row.traffic if row else "all"
+        if traffic == "alias":
+            return 0.0
         total = 0
         for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
             for name, role in zip(names, roles):
                 if name:
                     t = self.graph.tensors[name]
                     total += self.graph.nbytes(t, dtype if role == UNIT else t.dtype)
+        if traffic == "gather" and op.inputs and op.inputs[0] and op.outputs and op.outputs[0]:
+            table = self.graph.tensors[op.inputs[0]]
+            role = op.input_roles[0] if op.input_roles else None
+            table_dtype = dtype if role == UNIT else table.dtype
+            rows_read = min(self.graph.numel(table), self.graph.numel(self.graph.tensors[op.outputs[0]]))
+            total += (rows_read - self.graph.numel(table)) * itemsize(table_dtype)
         return float(total)
 
     def aligned(self, op: Op) -> bool:

@@ -1,6 +1,6 @@
 """``amp_compiler.compile`` on transformers BERT, GPT-2, ResNet and ViT (random weights, CPU).
 
-Sizes and target: the zoo's small configs widened to width 128 and 512 tokens / 8 images
+Sizes and target: the zoo's small configs widened to width 128 and 1024 tokens / 16 images
 per batch (``benchmarks.torch_amp.build(name, "ci")``), planned for an A100. At these sizes
 an H100 is launch-overhead bound: each FP16 GEMM would save under 1 µs while the casts
 around GPT-2's FP32 ``pow`` or ResNet's input cost about 8 µs, so the optimal planner
@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 import amp_compiler  # noqa: E402
 from amp_compiler.registry import DEFAULT_REGISTRY, DENY  # noqa: E402
-from benchmarks.torch_amp import GEMM_OPS, TORCH_MODELS, build, count_casts, low_gemm_ops, rel_error  # noqa: E402
+from benchmarks.torch_amp import CI_BATCH, CI_SEQ, GEMM_OPS, TORCH_MODELS, build, count_casts, low_gemm_ops, rel_error  # noqa: E402
 
 CI_TARGET = "a100"
 #: deny-class aten ops the zoo graphs contain; they must run in FP32
@@ -107,7 +107,8 @@ def test_report_names_are_module_path_and_aten_op():
     assert "model.bert.encoder.layer.0.attention.self/aten.bmm" in names
     query = next(o for o in report.ops if o["name"].endswith("layer.0.attention.self.query/aten.addmm"))
     assert query["op_type"] == "aten.addmm.default" and query["canonical"] == "gemm"
-    assert query["flops"] == 2 * 512 * 128 * 128 + 512 * 128  # Gemm formula: bias is addmm's input 0
+    tokens = CI_BATCH * CI_SEQ
+    assert query["flops"] == 2 * tokens * 128 * 128 + tokens * 128  # Gemm formula: bias is addmm's input 0
     # the same Report as the ONNX path: JSON, HTML and the text table
     assert report.to_dict()["schema_version"] == "1.0"
     assert '"fp16_gemm_flop_fraction"' in report.to_json()

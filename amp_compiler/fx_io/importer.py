@@ -219,7 +219,7 @@ def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registr
             attrs=_attrs(packet, node), canonical=canonical)
     row = registry.by_canonical.get(canonical) if canonical else None
     in_dtypes = [graph.tensors[t].dtype for t in inputs]
-    out_dtypes = [graph.tensors[t].dtype for t in outputs]
+    out_dtypes = [graph.tensors[t].dtype if t else None for t in outputs]  # "": an absent result
     op.port_groups = port_groups(packet, node.target, node, in_dtypes, out_dtypes,
                                  row.fp32_inputs if row else (), row.fp32_outputs if row else ())
     unsafe = None
