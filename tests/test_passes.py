@@ -234,6 +234,25 @@ def test_embedding_lookup_stays_fp32_when_the_table_is_cast_every_step():
     assert "table" not in cast_tensors and "emb" in cast_tensors
 
 
+def test_traffic_a_lookup_reads_its_rows_and_a_view_moves_nothing():
+    vocab, d, n = 50000, 1024, 4096
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="lookup"),
+             helper.make_node("Reshape", ["emb", "shape"], ["flat"], name="view"),
+             helper.make_node("Add", ["flat", "flat"], ["y"], name="add")]
+    shape = numpy_helper.from_array(np.array([n * d], dtype=np.int64), "shape")
+    graph, _ = plan(model(nodes, [fin("ids", n, dtype=TensorProto.INT64)], [fin("y", n * d)],
+                          [weight("table", vocab, d), shape]))
+    from passes.base import PlanContext
+
+    timer = OpTimer(graph, PlanContext())
+    ops = graph.ops
+    # ids (int64) + the n rows it fetches + the rows it writes; not the 200 MB table
+    assert timer.bytes(ops["lookup"], "float32") == n * 8 + 2 * n * d * 4
+    assert timer.bytes(ops["lookup"], "float16") == n * 8 + 2 * n * d * 2
+    assert timer.bytes(ops["view"], "float32") == 0
+    assert timer.bytes(ops["add"], "float32") == 3 * n * d * 4
+
+
 def test_unscale_marker_stops_propagation():
     d = 1024
     nodes = [helper.make_node("MatMul", ["x", "W"], ["g"], name="grad_mm"),
