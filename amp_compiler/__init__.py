@@ -1,9 +1,9 @@
 """amp-compiler: graph-rewriting automatic mixed precision for ONNX and PyTorch models.
 
 Entry points: ``convert_onnx`` (ONNX in, ONNX out), the ``amp-compile`` CLI, ``compile``
-(an ``nn.Module`` in, a mixed-precision module out) and the ``torch.compile`` backend
-``"amp_compiler"``; every entry point returns or saves a ``Report`` that says what runs in
-which precision and why.
+(an ``nn.Module`` in, a mixed-precision module out), the ``torch.compile`` backend
+``"amp_compiler"`` and ``compile_training`` (one captured mixed-precision training step);
+every entry point returns or saves a ``Report`` that says what runs in which precision and why.
 """
 
 import sys as _sys
@@ -14,10 +14,10 @@ from .errors import ConversionError  # noqa: E402
 from .onnx_api import convert_onnx  # noqa: E402
 from .report import Report  # noqa: E402
 
-__all__ = ["ConversionError", "Report", "__version__", "compile", "convert_onnx"]
+__all__ = ["ConversionError", "Report", "__version__", "compile", "compile_training", "convert_onnx"]
 
 #: public names whose modules import torch: resolved on first use, so ``import amp_compiler`` needs no torch
-_TORCH_API = {"compile": "torch_api"}
+_TORCH_API = {"compile": "torch_api", "compile_training": "training"}
 
 
 def __getattr__(name: str):

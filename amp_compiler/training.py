@@ -42,6 +42,9 @@ class TrainStep:
                  opt_state: dict[str, list[torch.Tensor]], report: Any = None) -> None:
         self.model, self.optimizer, self.graph, self.layout = model, optimizer, graph, layout
         self.opt, self.config, self.report = opt, config, report
+        #: the rewritten step graph, and the name of its node behind each report row
+        self.graph_module: torch.fx.GraphModule | None = graph if isinstance(graph, torch.fx.GraphModule) else None
+        self.report_nodes: dict[str, str] = {}
         self._params = dict(model.named_parameters())
         self._buffers = dict(model.named_buffers())
         self._opt_state = opt_state
@@ -216,4 +219,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     report = run_passes(imp.graph, ctx, source, imp.dim_values)
     emit(imp)
     runner = torch.compile(gm, backend="inductor") if backend == "inductor" else gm
-    return TrainStep(model, optimizer, runner, layout, opt, config, state, report)
+    step = TrainStep(model, optimizer, runner, layout, opt, config, state, report)
+    step.graph_module = gm
+    step.report_nodes = {op: node.name for op, node in imp.nodes.items()}
+    return step
