@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import traceback
@@ -24,6 +25,10 @@ examples:
       keep every Softmax and one named node in FP32
   amp-compile model.onnx -o model.mp.onnx --dim batch=32 --dim sequence=512
       give symbolic dims the sizes the cost model should plan for
+  amp-compile model.onnx -o model.mp.onnx --calibrate --inputs batch.npz
+      run the FP32 model once on real inputs; ops whose activations exceed FP16's range stay FP32
+  amp-compile model.onnx -o model.mp.onnx --fallback --tolerance 1e-3 --runtime reference
+      move the ops that add the most error to FP32, re-plan, repeat until within tolerance
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
 --tolerance; 2 bad input or options (one line on stderr names the file, op and reason;
@@ -65,7 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the per-op report; format from the suffix: .json, .html, .txt (repeatable)")
     p.add_argument("--validate", action="store_true",
                    help="run the FP32 and the converted model on ONNX Runtime and print per-output errors")
-    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for --validate (default: seeded random inputs)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="run the FP32 model once (on --inputs, else seeded random inputs) and keep in FP32 "
+                        "every op that reads or writes an activation beyond FP16's range")
+    p.add_argument("--fallback", action="store_true",
+                   help="validate, then move the ops that add the most error to FP32 and re-plan, until every "
+                        "output is within --tolerance (exit 2 if it cannot get there); implies --validate")
+    p.add_argument("--runtime", default="ort", choices=["ort", "reference"],
+                   help="what --validate/--fallback run the models on: ort (ONNX Runtime CPU, default; it runs "
+                        "FP16 ops without a CPU kernel in FP32) or reference (onnx.reference: rounds every op "
+                        "to FP16 as a GPU would; slow, for small models)")
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="inputs for --validate, --fallback and --calibrate (default: seeded random inputs)")
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
@@ -123,6 +139,7 @@ def _fail(args: argparse.Namespace, line: str, status: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .fallback import convert_with_fallback
     from .onnx_api import convert_onnx
     from .onnx_io.files import check_output_path, input_files, load_model, save_model
 
@@ -137,24 +154,32 @@ def _run(args: argparse.Namespace) -> int:
     progress = _Progress(args.quiet)
     progress("load")
     # External data stays on disk and is streamed tensor by tensor (models over 2 GB never sit in
-    # memory whole); only a dry run with --validate, which runs the models from memory, loads it.
-    lazy = not (args.dry_run and args.validate)
-    original = load_model(args.input, external_data="lazy" if lazy else "load")
+    # memory whole); only what runs the models from memory (a dry run with --validate,
+    # --calibrate, --fallback, the reference runtime) loads it.
+    in_memory = (args.dry_run and args.validate) or args.calibrate or args.fallback or args.runtime == "reference"
+    original = load_model(args.input, external_data="load" if in_memory else "lazy")
     base_dir = Path(args.input).resolve().parent
     if out is not None:  # nor may its .data file be one the input reads from
         check_output_path(out, input_files(original, args.input))
-    converted, report = convert_onnx(original, target=args.target, dtype=args.dtype,
-                                     keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
-                                     deny_nodes=args.deny_node, planner=args.planner,
-                                     default_dim=args.default_dim, progress=progress, dim_values=dims,
-                                     source=args.input, base_dir=base_dir)
+    feeds = _feeds(args, original) if (args.validate or args.fallback or args.calibrate) else None
+    convert = functools.partial(convert_onnx, original, target=args.target, dtype=args.dtype,
+                                keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
+                                planner=args.planner, default_dim=args.default_dim, progress=progress,
+                                dim_values=dims, source=args.input, base_dir=base_dir,
+                                calibration_inputs=feeds if args.calibrate else None)
+    if args.fallback:
+        converted, report, _ = convert_with_fallback(convert, original, feeds, args.tolerance,
+                                                     deny_nodes=args.deny_node, progress=progress,
+                                                     runner=_runner(args))
+    else:
+        converted, report = convert(deny_nodes=args.deny_node)
     if out is not None:
         progress(f"write {out}")
         save_model(converted, out, base_dir=base_dir, protect=[args.input])
     status = 0
-    if args.validate:
-        progress("validate on ONNX Runtime")
-        status = _validate(args, original, converted if out is None else None, out, report)
+    if args.validate or args.fallback:
+        progress(f"validate on {'the onnx reference evaluator' if args.runtime == 'reference' else 'ONNX Runtime'}")
+        status = _validate(args, original, converted, out, report, feeds)
     for report_path in args.report:
         report.save(report_path)
     if not args.quiet:
@@ -162,20 +187,26 @@ def _run(args: argparse.Namespace) -> int:
     return status
 
 
-def _validate(args, original, converted, out, report) -> int:
-    """Compare on ONNX Runtime: the written files (external data and all), or in memory on a dry run."""
-    from .validate import compare_outputs, load_inputs, random_inputs, run_model, validate
+def _feeds(args, model) -> dict:
+    from .validate import load_inputs, random_inputs
 
-    feeds = load_inputs(args.inputs) if args.inputs else random_inputs(original)
-    if out is None:
-        result = validate(original, converted, feeds, args.tolerance)
+    return load_inputs(args.inputs) if args.inputs else random_inputs(model)
+
+
+def _runner(args):
+    from .validate import run_model, run_reference
+
+    return run_reference if args.runtime == "reference" else run_model
+
+
+def _validate(args, original, converted, out, report, feeds) -> int:
+    """Compare the outputs: ONNX Runtime runs the written files (external data and all)."""
+    from .validate import validate
+
+    if out is not None and args.runtime == "ort":
+        result = validate(str(args.input), str(out), feeds, args.tolerance)
     else:
-        expected = run_model(str(args.input), feeds, label="the FP32 model")
-        actual = run_model(str(out), feeds, label="the converted model")
-        outputs = compare_outputs([o.name for o in original.graph.output], expected, actual)
-        worst = max((o["max_rel_error"] for o in outputs), default=0.0)
-        result = {"tolerance": args.tolerance, "passed": bool(worst <= args.tolerance), "max_rel_error": worst,
-                  "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+        result = validate(original, converted, feeds, args.tolerance, runner=_runner(args))
     report.data["validation"] = result
     for row in result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "

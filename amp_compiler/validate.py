@@ -107,11 +107,18 @@ def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[n
     return rows
 
 
-def validate(original: ModelProto, converted: ModelProto, feeds: dict[str, np.ndarray],
-             tolerance: float = 1e-2) -> dict[str, Any]:
-    """Run both models on ``feeds``; the result goes into the report's ``validation`` section."""
-    expected = run_model(original, feeds, label="the FP32 model")
-    actual = run_model(converted, feeds, label="the converted model")
+def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dict[str, np.ndarray],
+             tolerance: float = 1e-2, runner=run_model) -> dict[str, Any]:
+    """Run both models on ``feeds``; the result goes into the report's ``validation`` section.
+
+    ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``.
+    """
+    expected = runner(original, feeds, label="the FP32 model")
+    actual = runner(converted, feeds, label="the converted model")
+    if isinstance(original, str):
+        import onnx
+
+        original = onnx.load(original, load_external_data=False)
     names = [o.name for o in original.graph.output]
     outputs = compare_outputs(names, expected, actual)
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)

@@ -50,3 +50,20 @@ def test_calibration_changes_nothing_on_a_tame_model():
     _, plain = convert_onnx(m)
     _, calibrated = convert_onnx(m, calibrate=True)
     assert [o["precision"] for o in plain.ops] == [o["precision"] for o in calibrated.ops] == ["float16"]
+
+
+def test_cli_calibrate_reads_the_given_inputs(tmp_path):
+    from amp_compiler import Report, cli
+
+    m = _overflowing_input()
+    x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)
+    x[:, 0] = 1.5e5
+    src, out, report = tmp_path / "m.onnx", tmp_path / "m.mp.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    np.savez(tmp_path / "batch.npz", x=x)
+    assert cli.main([str(src), "-o", str(out), "--calibrate", "--inputs", str(tmp_path / "batch.npz"),
+                     "--report", str(report), "-q"]) == 0
+    ops = {o["name"]: o for o in Report.from_json(report).ops}
+    assert ops["scores_mm"]["precision"] == "float32" and "reaches 1.5e+05" in ops["scores_mm"]["reason"]
+    assert ops["value_mm"]["precision"] == "float16"
+    onnx.checker.check_model(str(out), full_check=True)

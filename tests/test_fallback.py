@@ -12,7 +12,7 @@ from amp_compiler import ConversionError, convert_onnx
 from amp_compiler.fallback import convert_with_fallback
 from amp_compiler.validate import run_reference
 
-from .builders import fin, model, weight
+from .builders import fin, model
 
 
 def _cancellation(d=128):
@@ -22,8 +22,10 @@ def _cancellation(d=128):
              helper.make_node("Add", ["h", "offset"], ["shifted"], name="shift_up"),
              helper.make_node("Sub", ["shifted", "offset"], ["back"], name="shift_down"),
              helper.make_node("MatMul", ["back", "V"], ["y"], name="mm2")]
-    return model(nodes, [fin("x", 64, d)], [fin("y", 64, d)], [weight("W", d, d, scale=0.01), offset,
-                                                                 weight("V", d, d)])
+    rng = np.random.default_rng(1)  # the same weights whatever ran before
+    w, v = (numpy_helper.from_array((rng.standard_normal((d, d)) * s).astype(np.float32), name)
+            for name, s in (("W", 0.01), ("V", 0.05)))
+    return model(nodes, [fin("x", 64, d)], [fin("y", 64, d)], [w, offset, v])
 
 
 def test_fallback_moves_only_the_ops_that_add_error():
@@ -48,3 +50,20 @@ def test_fallback_gives_up_with_a_clear_error_when_out_of_rounds():
                                               r"moving 0 ops to FP32"):
         convert_with_fallback(functools.partial(convert_onnx, m, planner="all"), m, feeds, tolerance=1e-2,
                               max_rounds=0, runner=run_reference)
+
+
+def test_cli_fallback_on_the_reference_runtime(tmp_path, capsys):
+    import onnx
+
+    from amp_compiler import Report, cli
+
+    src, out, report = tmp_path / "m.onnx", tmp_path / "m.mp.onnx", tmp_path / "r.json"
+    onnx.save(_cancellation(), src)
+    args = [str(src), "-o", str(out), "--planner", "all", "--runtime", "reference", "--report", str(report), "-q"]
+    assert cli.main(args + ["--validate"]) == 1  # the all-FP16 plan is off by far more than 1e-2 ...
+    assert "validation failed" in capsys.readouterr().err
+    assert cli.main(args + ["--fallback"]) == 0  # ... until the fallback moves the shift to FP32
+    data = Report.from_json(report)
+    assert "shift_up" in data.data["fallback"]["moved_to_fp32"]
+    assert data.data["validation"]["passed"] and data.data["validation"]["max_rel_error"] <= 1e-2
+    assert {o["name"]: o["precision"] for o in data.ops}["mm"] == "float16", data.data["fallback"]
