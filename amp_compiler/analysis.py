@@ -22,15 +22,15 @@ to amp-compiler's own output it reproduces the report's ``predicted_time_mixed_s
 
 from __future__ import annotations
 
-import heapq
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
+from onnx import AttributeProto, GraphProto, ModelProto
 
 from .dtypes import FLOAT32, LOW_PRECISION, is_float
 from .ir import UNIT, Op, PrecisionGraph
+from .onnx_io.order import replace_nodes, stable_topological_order
 
 __all__ = ["ModelAnalysis", "analyze_model", "predicted_time", "sort_nodes", "topologically_sorted"]
 
@@ -142,31 +142,10 @@ def sort_nodes(graph: GraphProto) -> None:
             for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
                 names.update(inp for n in sub.node for inp in n.input)
         deps.append({produced[n] for n in names if n in produced and produced[n] != i})
-    users: dict[int, list[int]] = {}
-    for i, ds in enumerate(deps):
-        for d in ds:
-            users.setdefault(d, []).append(i)
-    waiting = [len(ds) for ds in deps]
-    ready = [i for i, w in enumerate(waiting) if not w]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users.get(i, ()):
-            waiting[u] -= 1
-            if not waiting[u]:
-                heapq.heappush(ready, u)
-    if len(order) != len(deps):  # a cycle: leave the graph as it is, the importer will say what is wrong
+    order, stuck = stable_topological_order(deps)
+    if stuck:  # a cycle: leave the graph as it is, the importer will say what is wrong
         return
-    nodes = [graph.node[i] for i in order]
-    copies = []
-    for n in nodes:
-        c = NodeProto()
-        c.CopyFrom(n)
-        copies.append(c)
-    del graph.node[:]
-    graph.node.extend(copies)
+    replace_nodes(graph, [graph.node[i] for i in order])
 
 
 def _cast_dtypes(graph: PrecisionGraph, op: Op) -> tuple[str | None, str | None]:

@@ -9,7 +9,6 @@ ViT are planned by the cost model (the default) and checked against issue #2's b
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 

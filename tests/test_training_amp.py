@@ -9,8 +9,6 @@ whose GEMMs are big enough to be worth FP16.
 
 from __future__ import annotations
 
-import operator
-
 import pytest
 
 torch = pytest.importorskip("torch")

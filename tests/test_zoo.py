@@ -7,7 +7,6 @@ the same file without rewriting it. Base sizes are for benchmarks, not tested he
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -17,6 +17,7 @@ from ..registry import DEFAULT_REGISTRY
 from .dtypes import dtype_to_onnx
 from .files import defer_cast
 from .importer import OnnxImport
+from .order import replace_nodes
 
 try:
     import ml_dtypes
@@ -45,7 +46,7 @@ def emit(imp: OnnxImport) -> ModelProto:
     # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
     for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
         g = imp.graphs[scope]
-        _replace_nodes(g, scopes[scope])
+        replace_nodes(g, scopes[scope])
         _write_initializers(imp, g, scope)
         _update_types(graph, g, scope, original)
     return model
@@ -58,19 +59,6 @@ def _depth(graph: PrecisionGraph, scope: str) -> int:
         scope = graph.ops[owner].scope if owner in graph.ops else ""
         depth += 1
     return depth
-
-
-def _replace_nodes(g: GraphProto, nodes: list[NodeProto]) -> None:
-    if len(nodes) == len(g.node) and all(a is b for a, b in zip(nodes, g.node)):
-        return
-    # protobuf copies messages on extend: take copies first, since the old ones are cleared
-    copies = []
-    for n in nodes:
-        c = NodeProto()
-        c.CopyFrom(n)
-        copies.append(c)
-    del g.node[:]
-    g.node.extend(copies)
 
 
 def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str],

@@ -22,7 +22,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ..errors import ConversionError
 from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PrecisionGraph, Tensor
-from ..numerics import FP16_MAX, FP16_TINY, low_unsafe_reason  # noqa: F401 (re-exported)
+from ..numerics import low_unsafe_reason
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .schemas import port_groups

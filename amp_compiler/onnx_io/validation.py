@@ -25,7 +25,6 @@ for external data that is never loaded whole.
 
 from __future__ import annotations
 
-import heapq
 import re
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -37,6 +36,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 from ..errors import ConversionError
 from ..numerics import FP16_MAX, FP16_TINY
 from .files import INLINE_BYTES, _external_range, is_external, iter_chunks, skeleton_copy, tensor_nbytes
+from .order import replace_nodes, stable_topological_order
 
 _PLACEHOLDER = "__amp_compiler_no_data__"
 #: Cast-1 takes its target type as a string; the Casts the conversion inserts need Cast-6 or newer
@@ -264,35 +264,14 @@ class _Structure:
     def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> None:
         if all(d < i for i, ds in enumerate(deps) for d in ds):
             return
-        users: list[list[int]] = [[] for _ in deps]
-        waiting = [0] * len(deps)
-        for i, ds in enumerate(deps):
-            for d in ds:
-                users[d].append(i)
-            waiting[i] = len(ds)
-        ready = [i for i, w in enumerate(waiting) if w == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for u in users[i]:
-                waiting[u] -= 1
-                if waiting[u] == 0:
-                    heapq.heappush(ready, u)
-        if len(order) < len(deps):
-            cycle = _find_cycle(deps, {i for i, w in enumerate(waiting) if w > 0})
+        order, stuck = stable_topological_order(deps)
+        if stuck:
+            cycle = _find_cycle(deps, stuck)
             names = [g.node[i].name or f"#{i}" for i in cycle]
             first = g.node[cycle[0]]
             raise ConversionError(self.source, _label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
                                   f"the graph has a cycle: {' -> '.join(names + names[:1])}")
-        nodes = []
-        for i in order:
-            copy = NodeProto()
-            copy.CopyFrom(g.node[i])
-            nodes.append(copy)
-        del g.node[:]
-        g.node.extend(nodes)
+        replace_nodes(g, [g.node[i] for i in order])
 
     def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str]) -> None:
         """Names this subgraph defines that another, non-enclosing graph already defined get fresh names."""
