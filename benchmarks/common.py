@@ -257,6 +257,26 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def run_header(module: str, argv: Sequence[str], packages: Iterable[str] | None = None) -> dict[str, Any]:
+    """What every results file starts with: the command that reproduces it, date, commit, machine, versions."""
+    return {"command": " ".join([f"python -m benchmarks.{module}", *argv]), "date": today(), "commit": git_commit(),
+            "machine": machine_info(), "versions": versions(*([packages] if packages is not None else []))}
+
+
+def publish(json_name: str, marker: str, data: Any, md: str, readme: bool = True,
+            log: Callable[[str], None] = print) -> Path:
+    """Print the table, write the results JSON, and put the table in the README between its markers."""
+    print(md)
+    path = write_json(json_name, data)
+    log(f"results: {path}")
+    if readme:
+        if update_readme_section(marker, md):
+            log(f"table written to {README}")
+        else:
+            log(f"{README} has no {marker} markers; table not written there")
+    return path
+
+
 def update_readme_section(marker: str, body: str, readme: Path = README) -> bool:
     """Replace the text between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in the README."""
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"

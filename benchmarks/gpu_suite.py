@@ -241,7 +241,7 @@ def _training_rows(model, args, compile_training) -> dict[str, Any]:
             continue
 
         def run(b=backend):
-            step = compile_training(model, lambda out, *_: loss_fn(out), fresh(), args, backend=b)
+            step = compile_training(model, loss_fn, fresh(), args, backend=b, n_targets=0)
             return _cuda_time(lambda: step(*args))
 
         rows[label] = _try(run)
@@ -425,20 +425,14 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     device = device_key(name)
-    data: dict[str, Any] = {"command": "python -m benchmarks.gpu_suite" + (" " + " ".join(argv) if argv else ""),
-                            "date": common.today(), "commit": common.git_commit(), "device": name,
-                            "device_key": device, "machine": common.machine_info(), "versions": common.versions()}
+    data: dict[str, Any] = {**common.run_header("gpu_suite", argv), "device": name, "device_key": device}
     if "ort" in args.parts:
         data["ort"] = part_ort(args.models, log)
     if "torch" in args.parts:
         data["torch"] = part_torch([m for m in args.models if m in TORCH_MODELS], log)
     if "calibrate" in args.parts:
         data["calibrate"] = part_calibrate(args.models, device, log)
-    md = render(data)
-    print(md)
-    common.write_json(f"gpu-{device}-{data['date']}.json", data)
-    if not args.no_readme:
-        common.update_readme_section("gpu-results", md)
+    common.publish(f"gpu-{device}-{data['date']}.json", "gpu-results", data, render(data), not args.no_readme, log)
     return 0
 
 

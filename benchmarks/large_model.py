@@ -14,17 +14,18 @@ path). Then the output is checked (``onnx.checker`` full check on the file) and,
 
 Usage::
 
-    python benchmarks/large_model.py                   # 2.2 GiB, 4096x4096 layers
-    python benchmarks/large_model.py --gb 0.3 --verify # quick
-    python benchmarks/large_model.py --workdir /data/tmp --keep
+    python -m benchmarks.large_model --verify             # 2.2 GiB, 4096x4096 layers
+    python -m benchmarks.large_model --gb 0.3 --no-readme # quick
+    python -m benchmarks.large_model --workdir /data/tmp --keep
 
-Prints one line per measurement and exits 1 if the peak is 1.5x the weights or more.
+Prints one line per measurement, writes ``benchmarks/results/large_model.json`` and the
+table in ``benchmarks/README.md`` (unless ``--no-readme``), and exits 1 if the peak is
+1.5x the weights or more.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -53,7 +54,7 @@ def generate(folder: Path, total_bytes: int, dim: int, seed: int = 0) -> tuple[P
     with open(folder / "weights.bin", "wb") as f:
         for i in range(layers):
             w = rng.standard_normal((dim, dim), dtype=np.float32)
-            w *= np.float32(1.0 / np.sqrt(dim))
+            w *= np.float32(np.sqrt(2.0 / dim))  # He scaling: activations keep their size through the ReLUs
             if i == layers - 1:
                 w[-1, -1] = 1e5  # beyond FP16: this layer stays FP32 and is copied as it is
             offset = f.tell()
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where to generate (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the generated and converted files")
     p.add_argument("--verify", action="store_true", help="also run both models on ONNX Runtime and compare")
-    p.add_argument("--json", metavar="OUT.json", help="write the figures as JSON")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
     args = p.parse_args(argv)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amp-large-"))
@@ -183,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             err = verify(inp, out, args.dim)
             figures["max_rel_error"] = err
             print(f"ONNX Runtime, batch 4: max |mixed - fp32| / max |fp32| = {err:.2e} ({time.perf_counter() - t2:.1f} s)")
-        if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=2))
+        _record(figures, argv, args.no_readme)
         if ratio >= LIMIT:
             print(f"FAIL: peak RSS is {ratio:.2f}x the weights (limit {LIMIT}x)")
             return 1
@@ -192,6 +192,29 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _record(figures: dict, argv: list[str] | None, no_readme: bool) -> None:
+    """Results JSON and the README table, with the command, date, machine and versions."""
+    from benchmarks import common
+
+    data = {**common.run_header("large_model", sys.argv[1:] if argv is None else argv,
+                                ("onnx", "onnxruntime", "numpy")), **figures}
+    gib, mib = 2 ** 30, 2 ** 20
+    rows = [["weights (FP32, external data)", f"{figures['weights_bytes'] / gib:.2f} GiB "
+             f"({figures['layers']} layers of {figures['dim']}x{figures['dim']})"],
+            ["conversion (amp-compile, child process)", f"{figures['convert_seconds']:.1f} s"],
+            ["peak RSS of the converter", f"{figures['peak_rss_bytes'] / mib:.0f} MiB "
+             f"(an interpreter with the same imports: {figures['baseline_rss_bytes'] / mib:.0f} MiB)"],
+            ["peak RSS / weight bytes", f"{figures['peak_over_weights']:.3f} (limit {figures['limit']})"],
+            ["output", f"{figures['output_onnx_bytes'] / 1024:.0f} KiB .onnx + "
+             f"{figures['output_data_bytes'] / gib:.2f} GiB .data; initializers {figures['output_initializers']}"]]
+    if "max_rel_error" in figures:
+        rows.append(["max rel. error vs FP32 (ONNX Runtime)", f"{figures['max_rel_error']:.1e}"])
+    m = data["machine"]
+    md = (f"{data['date']}, commit {data['commit']}, {m['cpu']} ({m['cores']} cores, {m['ram_gb']} GB), "
+          f"`{data['command']}`\n\n" + common.md_table(["", "measured"], rows, align="ll"))
+    common.publish("large_model.json", "large-model-table", data, md, not no_readme)
 
 
 if __name__ == "__main__":

@@ -294,23 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_model(name, args.size, tools, max(1, args.repeat), target=args.target,
                                  timeout=args.timeout, log=log))
     data = {
-        "command": "python -m benchmarks.peers" + (" " + " ".join(argv if argv is not None else sys.argv[1:])
-                                                   if (argv if argv is not None else sys.argv[1:]) else ""),
-        "date": common.today(), "commit": common.git_commit(), "machine": common.machine_info(),
-        "versions": common.versions(), "modelopt_versions": modelopt_versions, "size": args.size,
+        **common.run_header("peers", argv if argv is not None else sys.argv[1:]),
+        "modelopt_versions": modelopt_versions, "size": args.size,
         "repeat": max(1, args.repeat), "target": args.target, "tools": list(tools),
         "elapsed_s": time.time() - started, "results": results,
     }
     data["checks"] = checks(results)
-    md = render_markdown(data)
-    print(md)
-    path = common.write_json(args.json or f"peers-{args.size}.json", data)
-    log(f"results: {path}")
-    if not args.no_readme:
-        if common.update_readme_section("peers-table", md):
-            log(f"table written to {common.README}")
-        else:
-            log(f"{common.README} has no peers-table markers; table not written there")
+    common.publish(args.json or f"peers-{args.size}.json", "peers-table", data, render_markdown(data),
+                   not args.no_readme, log)
     return 0
 
 

@@ -162,15 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     rows = run(args.sizes, max(1, args.repeat), log)
-    data = {"command": "python -m benchmarks.scaling" + (" " + " ".join(argv) if argv else ""),
-            "date": common.today(), "commit": common.git_commit(), "machine": common.machine_info(),
-            "versions": common.versions(("onnx", "numpy", "scipy", "networkx")), "repeat": max(1, args.repeat),
-            "rows": rows, "growth": growth(rows)}
-    md = render(data)
-    print(md)
-    common.write_json("scaling.json", data)
-    if not args.no_readme:
-        common.update_readme_section("scaling-table", md)
+    data = {**common.run_header("scaling", argv, ("onnx", "numpy", "scipy", "networkx")),
+            "repeat": max(1, args.repeat), "rows": rows, "growth": growth(rows)}
+    common.publish("scaling.json", "scaling-table", data, render(data), not args.no_readme, log)
     return 0
 
 

@@ -415,16 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_case(c, tuple(args.tools), log, work) for c in cases]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    data = {"command": "python -m benchmarks.torture" + (" " + " ".join(argv) if argv else ""),
-            "date": common.today(), "commit": common.git_commit(), "machine": common.machine_info(),
-            "versions": common.versions(("onnx", "onnxruntime", "onnxconverter-common")),
+    data = {**common.run_header("torture", argv, ("onnx", "onnxruntime", "onnxconverter-common")),
             "tools": list(args.tools), "tolerance": TOLERANCE, "results": results}
     data["verdicts"] = verdicts(results)
-    md = render(data)
-    print(md)
-    common.write_json("torture.json", data)
-    if not args.no_readme:
-        common.update_readme_section("torture-table", md)
+    common.publish("torture.json", "torture-table", data, render(data), not args.no_readme, log)
     return 0
 
 

@@ -13,7 +13,7 @@ them in FP16, and each test checks that it did: a case that stays FP32 proves no
 Most cases run ``amp_compiler.cli.main`` in-process; a few run ``python -m
 amp_compiler.cli`` in a subprocess to show the real process's exit status and stderr.
 The over-2-GB path runs here on a ~50 MB model with the external-data threshold lowered
-(the same code path); ``benchmarks/large_model.py`` runs the real thing.
+(the same code path); ``python -m benchmarks.large_model`` runs the real thing.
 """
 
 from __future__ import annotations
