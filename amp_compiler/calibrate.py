@@ -1,11 +1,14 @@
-"""Activation ranges from one FP32 run, so the planner never puts an overflowing tensor in FP16.
+"""Activation ranges from one FP32 run, so the planner never puts a tensor FP16 cannot hold in FP16.
 
 Weights are checked statically (``numerics``); activations need data. ``activation_ranges``
 runs the FP32 model once on ONNX Runtime with every float tensor of the main graph made
 an output (the calibration inputs are the user's, or seeded random ones) and returns the
-largest finite magnitude each tensor reached. ``mark_ranges`` stores them on the IR; the
-propagate pass then keeps in FP32 every op that writes, or reads through a unit port, a
-tensor whose magnitude exceeds ``FP16_MAX / margin``.
+largest finite magnitude each tensor reached. ``mark_ranges`` flags, for FP16, the tensors
+that would overflow (magnitude above ``FP16_MAX / margin``) and those that would underflow:
+nonzero but never reaching FP16's smallest normal number (6.1e-5), so every value would be
+subnormal, losing precision or flushing to zero -- the vanishing activations of a deep
+network. The propagate pass keeps in FP32 every op that writes, or reads through a unit
+port, a flagged tensor. BF16 has FP32's exponent range: nothing to flag.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from .ir import PrecisionGraph
-from .numerics import FP16_MAX
+from .numerics import FP16_MAX, FP16_MIN_NORMAL
 
 _FLOAT_CODES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
@@ -43,13 +46,23 @@ def activation_ranges(model: ModelProto, graph: PrecisionGraph, feeds: dict[str,
     return ranges
 
 
-def mark_ranges(graph: PrecisionGraph, ranges: dict[str, float], margin: float = 2.0) -> int:
-    """Flag tensors whose calibrated magnitude leaves no ``margin`` below FP16's maximum."""
+def mark_ranges(graph: PrecisionGraph, ranges: dict[str, float], margin: float = 2.0,
+                low_dtype: str = "float16") -> int:
+    """Flag tensors whose calibrated magnitude FP16 cannot hold (overflow with ``margin``, or underflow)."""
+    if low_dtype != "float16":
+        return 0
     limit = FP16_MAX / margin
     flagged = 0
     for name, peak in ranges.items():
         t = graph.tensors.get(name)
-        if t is not None and peak > limit:
+        if t is None:
+            continue
+        if peak > limit:
             t.range_unsafe = f"activation {name} reaches {peak:.3g} on the calibration data (FP16 max 65504)"
-            flagged += 1
+        elif 0 < peak < FP16_MIN_NORMAL:
+            t.range_unsafe = (f"activation {name} peaks at {peak:.3g} on the calibration data: in FP16 every "
+                              f"value would be subnormal (below 6.1e-05), losing precision or flushing to zero")
+        else:
+            continue
+        flagged += 1
     return flagged

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the FP32 and the converted model on ONNX Runtime and print per-output errors")
     p.add_argument("--calibrate", action="store_true",
                    help="run the FP32 model once (on --inputs, else seeded random inputs) and keep in FP32 "
-                        "every op that reads or writes an activation beyond FP16's range")
+                        "every op that reads or writes an activation FP16 cannot hold (beyond its range, or "
+                        "subnormal throughout)")
     p.add_argument("--fallback", action="store_true",
                    help="validate, then move the ops that add the most error to FP32 and re-plan, until every "
                         "output is within --tolerance (exit 2 if it cannot get there); implies --validate")

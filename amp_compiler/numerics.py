@@ -12,6 +12,7 @@ import numpy as np
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24  # smallest FP16 subnormal: nonzero magnitudes below it flush to zero
+FP16_MIN_NORMAL = 2.0 ** -14  # below it FP16 values are subnormal: fewer than 11 significant bits
 
 
 def low_unsafe_reason(label: str, values: np.ndarray) -> str | None:
@@ -38,4 +39,4 @@ def scalar_low_unsafe(value: object) -> bool:
     return isinstance(value, float) and np.isfinite(value) and abs(value) > FP16_MAX
 
 
-__all__ = ["FP16_MAX", "FP16_TINY", "low_unsafe_reason", "scalar_low_unsafe"]
+__all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "FP16_TINY", "low_unsafe_reason", "scalar_low_unsafe"]

@@ -31,7 +31,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
     (others take ``default_dim``). ``calibrate=True`` runs the FP32 model once on ONNX
     Runtime (``calibration_inputs``, or seeded random inputs) and keeps in FP32 the ops
-    whose activations would overflow FP16. Returns the converted model and the report.
+    whose activations would overflow FP16 or be subnormal in it throughout. Returns the
+    converted model and the report.
 
     ``planner`` chooses how the eligible region is labelled:
 
@@ -67,19 +68,19 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
-        _calibrate(model, imp.graph, calibration_inputs)
+        _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype)
     report = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
     return emit(imp), report
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
+def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
     from .calibrate import activation_ranges, mark_ranges
     from .validate import random_inputs
 
     ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
-    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges)
+    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype)
 
 
 __all__ = ["ConversionError", "convert_onnx"]

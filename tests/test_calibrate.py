@@ -67,3 +67,44 @@ def test_cli_calibrate_reads_the_given_inputs(tmp_path):
     assert ops["scores_mm"]["precision"] == "float32" and "reaches 1.5e+05" in ops["scores_mm"]["reason"]
     assert ops["value_mm"]["precision"] == "float16"
     onnx.checker.check_model(str(out), full_check=True)
+
+
+def _vanishing(layers=48, d=256):
+    """A deep ReLU MLP scaled by 1/sqrt(d): activations halve in size at every layer."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+        inits.append(onnx.numpy_helper.from_array(w, f"W{i}"))
+        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
+                  helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    return model(nodes, [fin("x", 128, d)], [fin(x, 128, d)], inits)
+
+
+def test_calibration_keeps_vanishing_activations_out_of_fp16():
+    from amp_compiler.validate import run_reference
+
+    m = _vanishing()
+    feeds = {"x": np.random.default_rng(1).standard_normal((128, 256)).astype(np.float32)}
+    ref = run(m, feeds)[0]
+    assert 0 < np.max(np.abs(ref)) < 2.0 ** -14  # the output is subnormal in FP16 ...
+    naive, _ = convert_onnx(m, planner="all")
+    calibrated, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+
+    def error(converted):  # rounded to FP16 op by op, as on a GPU
+        got = run_reference(converted, feeds)[0]
+        return np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+
+    assert error(naive) > 5e-2  # ... so the all-FP16 model loses it
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["mm0"]["precision"] == "float16"  # the early layers, at normal magnitudes, stay FP16
+    assert ops["mm47"]["precision"] == "float32" and "would be subnormal" in ops["mm47"]["reason"]
+    assert error(calibrated) < 1e-2
+
+
+def test_bf16_calibration_flags_nothing():
+    m = _vanishing(layers=4)
+    feeds = {"x": np.random.default_rng(1).standard_normal((128, 256)).astype(np.float32) * 1e-6}
+    _, report = convert_onnx(m, dtype="bf16", planner="all", calibration_inputs=feeds)
+    assert all(o["precision"] == "bfloat16" for o in report.ops)
