@@ -6,7 +6,8 @@ runs the rewritten graph eagerly, or through inductor with ``options={"backend":
 so the remaining casts fuse into neighbouring kernels.
 
 Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes``,
-``planner``, ``keep_io_types``, ``default_dim`` -- as for ``amp_compiler.compile`` --
+``planner``, ``keep_io_types``, ``default_dim``, ``deny_propagation`` -- as for
+``amp_compiler.compile`` --
 ``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
 requires grad), and ``on_report`` (a callable that receives each graph's ``Report``).
 The last reports are also kept in ``amp_compiler.backend.reports``.
@@ -37,7 +38,8 @@ from .plan import make_context, run_passes
 from .report import Report
 
 NAME = "amp_compiler"
-_PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile")
+_PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
+                 "deny_propagation")
 _OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "source"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--planner", default="optimal", choices=["optimal", "greedy", "all"],
                    help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter; "
                         "all: every op that can safely run in the low dtype does, whatever the cost")
+    p.add_argument("--deny-propagation", action="store_true",
+                   help="TF's rule: an infer op fed by a deny op (Pow, a reduction) through infer/clear ops stays "
+                        "FP32 too, so a value of unknown range (an RMSNorm's mean square) is never cast to FP16; "
+                        "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
     p.add_argument("--default-dim", type=_positive_int, default=8, metavar="N",
@@ -167,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
                                 keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
-                                calibration_inputs=feeds if args.calibrate else None)
+                                calibration_inputs=feeds if args.calibrate else None,
+                                deny_propagation=args.deny_propagation)
     if args.fallback:
         converted, report, _ = convert_with_fallback(convert, original, feeds, args.tolerance,
                                                      deny_nodes=args.deny_node, progress=progress,

@@ -24,7 +24,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  dim_values: dict[str, int] | None = None, profile=None, progress=None,
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
-                 base_dir: str | os.PathLike | None = None) -> tuple[ModelProto, Report]:
+                 base_dir: str | os.PathLike | None = None,
+                 deny_propagation: bool = False) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -44,6 +45,10 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
       unknown ops, ops whose schema refuses the low dtype, and ops reading constants
       out of its range stay FP32 as always. Useful as the "everything FP16" baseline
       and for conformance runs over single-op models.
+    ``deny_propagation=True`` applies TF's rule: an infer op fed by a deny op through
+    infer/clear ops stays FP32 too (the range of a Pow or reduction output is unknown; this
+    keeps a T5-style RMSNorm out of FP16 without calibration data, at the price of more FP32
+    elementwise work, e.g. GPT-2's tanh-GELU after its Pow).
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
@@ -52,7 +57,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
                        deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
-                       progress=progress)
+                       progress=progress, deny_propagation=deny_propagation)
     if isinstance(model_or_path, ModelProto):
         model = ModelProto()
         model.CopyFrom(model_or_path)

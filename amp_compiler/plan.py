@@ -16,7 +16,8 @@ from .report import Report
 def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "optimal",
                  keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
                  deny_nodes: Iterable[str] = (), training: bool = False, default_dim: int = 8,
-                 profile=None, progress: Callable[[str], None] | None = None) -> PlanContext:
+                 profile=None, progress: Callable[[str], None] | None = None,
+                 deny_propagation: bool = False) -> PlanContext:
     """Validate user options once and pack them for the passes."""
     get_device(target)  # raises ValueError listing the known devices
     if planner not in PLANNERS:
@@ -26,7 +27,7 @@ def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "o
     return PlanContext(low_dtype=normalize_low_dtype(dtype), target=target, planner=planner,
                        keep_io_types=keep_io_types, training=training, allow=frozenset(allow),
                        deny=frozenset(deny), deny_nodes=frozenset(deny_nodes), default_dim=default_dim,
-                       profile=profile, progress=progress)
+                       profile=profile, progress=progress, deny_propagation=bool(deny_propagation))
 
 
 def run_passes(graph: PrecisionGraph, ctx: PlanContext, source: str,

@@ -66,7 +66,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             target: str = "h100", dtype: torch.dtype | str = torch.float16, allow: Iterable[str] = (),
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
-            dynamic_shapes: Any = None, default_dim: int = 8, profile=None) -> torch.nn.Module:
+            dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
+            deny_propagation: bool = False) -> torch.nn.Module:
     """Plan and apply mixed precision on ``model``; returns the rewritten module with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
@@ -78,7 +79,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     (default: ``model.training``) keeps the weight casts in the graph so gradients reach the
     FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graph to ``torch.compile`` so
-    the remaining casts fuse into neighbouring kernels. Raises ``ConversionError`` naming the
+    the remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
+    ``convert_onnx`` (infer ops fed by deny ops stay FP32). Raises ``ConversionError`` naming the
     construct when the model cannot be captured.
     """
     if backend not in BACKENDS:
@@ -89,7 +91,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     training = model.training if training is None else bool(training)
     ctx = make_context(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=allow,
                        deny=deny, deny_nodes=deny_nodes, training=training, default_dim=default_dim,
-                       profile=profile)
+                       profile=profile, deny_propagation=deny_propagation)
     args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     source = type(model).__name__
     gm = export_graph(model, tuple(args), example_kwargs, source=source, dynamic_shapes=dynamic_shapes)

@@ -178,7 +178,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      dtype: torch.dtype | str = torch.float16, backend: str | None = None,
                      planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int = 1,
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                     growth_interval: int = 2000) -> TrainStep:
+                     growth_interval: int = 2000, deny_propagation: bool = False) -> TrainStep:
     """One captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
@@ -215,7 +215,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
             for out in op.outputs:
                 imp.graph.tensors[out].unscale_marker = True
     ctx = make_context(target=target, dtype=low, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
-                       training=True)
+                       training=True, deny_propagation=deny_propagation)
     report = run_passes(imp.graph, ctx, source, imp.dim_values)
     emit(imp)
     runner = torch.compile(gm, backend="inductor") if backend == "inductor" else gm

@@ -12,15 +12,18 @@ Rewrite cases:
    the low dtype (``forbid_low``), and ops that read a constant or read/write an
    activation the low dtype cannot hold (``low_unsafe``, calibrated ``range_unsafe``)
    are ineligible.
-4. The remaining ops are linked wherever a float tensor flows from one's ``unit``
+4. With ``ctx.deny_propagation`` (TF's rule), an infer op fed by a deny op through
+   infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
+   way to an allow op is left to the cost model.
+5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
    no tensor-core op in reach stay FP32: converting them buys nothing.
-5. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
+6. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
    op or not (the "everything in the low dtype" plan).
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
-unsafe in the low dtype (cases 1 and 3) run in FP32; ops merely out of reach keep the
+unsafe in the low dtype (cases 1, 3 and 4) run in FP32; ops merely out of reach keep the
 dtype they had in the source (a partly-FP16 model keeps its FP16 parts).
 """
 
@@ -30,7 +33,7 @@ from collections import deque
 
 from amp_compiler.dtypes import FLOAT32
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
-from amp_compiler.registry import ALLOW, DENY, UNKNOWN
+from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
 from .base import Pass, PassResult, PlanContext
 
@@ -65,6 +68,14 @@ class PropagatePass(Pass):
             else:
                 op.precision = None
                 candidates.append(op.name)
+        if ctx.deny_propagation:
+            tainted = _downstream_of_deny(graph, set(candidates))
+            for name, (source, via) in tainted.items():
+                op = graph.ops[name]
+                op.precision = FLOAT32
+                op.reason = (f"{op.op_class}: downstream of deny op {source} through {via}: "
+                             f"the range of what it reads is unknown in the low dtype")
+            candidates = [n for n in candidates if n not in tainted]
         parent = {name: name for name in candidates}
 
         def find(x: str) -> str:
@@ -101,6 +112,39 @@ class PropagatePass(Pass):
         if after_unscale:
             details += f", {len(after_unscale)} after unscale markers"
         return PassResult(graph, True, details)
+
+
+def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str, tuple[str, str]]:
+    """Infer ops fed by a deny op through infer/clear ops, and the clear ops between them (TF's rule).
+
+    ``deny -> infer -> clear -> infer -> clear -> allow`` taints the two infer ops and the
+    clear op between them; the clear op in front of the allow op stays a candidate. Returns
+    each tainted op with the deny op behind it and the op that led there.
+    """
+    reached: dict[str, tuple[str, str]] = {}
+    queue = deque((op.name, op.name) for op in graph.ops.values() if op.op_class == DENY)
+    while queue:
+        name, source = queue.popleft()
+        op = graph.ops[name]
+        for port, out in enumerate(op.outputs):
+            if not out or op.output_roles[port] != UNIT:
+                continue
+            for cons, cport in graph.tensors[out].consumers:
+                if cons in candidates and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
+                        and graph.ops[cons].input_roles[cport] in (UNIT, ANY):
+                    reached[cons] = (source, name)
+                    queue.append((cons, source))
+    tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER}
+    # a clear op stays tainted only on the way to a tainted infer op
+    stack = list(tainted)
+    while stack:
+        op = graph.ops[stack.pop()]
+        for port, inp in enumerate(op.inputs):
+            prod = graph.tensors[inp].producer if inp else None
+            if prod in reached and prod not in tainted and graph.ops[prod].op_class == CLEAR:
+                tainted[prod] = reached[prod]
+                stack.append(prod)
+    return tainted
 
 
 def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:

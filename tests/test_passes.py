@@ -363,3 +363,59 @@ def test_graph_output_also_read_by_fp32_op_keeps_its_name_and_dtype():
     x = np.random.default_rng(0).standard_normal((512, d)).astype(np.float32)
     for ref, got in zip(run(m, {"x": x}), run(out, {"x": x})):
         assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
+
+
+def _rms_norm(d=512, n=256):
+    """T5-style RMSNorm (Pow/ReduceMean/Sqrt/Div) feeding a GEMM, plus a Reshape into another GEMM."""
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"], name="pow"),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean", keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["ms_eps"], name="add_eps"),
+             helper.make_node("Sqrt", ["ms_eps"], ["rms"], name="sqrt"),
+             helper.make_node("Div", ["x", "rms"], ["normed"], name="div"),
+             helper.make_node("MatMul", ["normed", "W"], ["y"], name="proj"),
+             helper.make_node("Reshape", ["sq", "shape"], ["sq2"], name="reshape"),
+             helper.make_node("MatMul", ["sq2", "W"], ["z"], name="proj_sq")]
+    consts = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+              numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+              numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+              numpy_helper.from_array(np.array([n, d], np.int64), "shape"), weight("W", d, d)]
+    return model(nodes, [fin("x", n, d)], [fin("y", n, d), fin("z", n, d)], consts)
+
+
+def test_deny_propagation_keeps_infer_ops_fed_by_deny_ops_fp32():
+    m = _rms_norm()
+    _, plain = convert_onnx(m, planner="all")
+    _, strict = convert_onnx(m, planner="all", deny_propagation=True)
+    plain_ops, strict_ops = ({o["name"]: o for o in r.ops} for r in (plain, strict))
+    assert all(plain_ops[n]["precision"] == "float16" for n in ("add_eps", "sqrt", "div"))
+    for name in ("add_eps", "sqrt", "div"):  # the mean square's range is unknown: FP32 all the way to the GEMM
+        assert strict_ops[name]["precision"] == "float32"
+        assert "downstream of deny op" in strict_ops[name]["reason"]
+    assert strict_ops["proj"]["precision"] == "float16"  # allow ops still take FP16
+    # a clear op on the way to an allow op is not tainted: the cost model decides it
+    assert "downstream of deny op" not in strict_ops["reshape"]["reason"]
+    assert strict_ops["proj_sq"]["precision"] == "float16"
+
+
+def test_deny_propagation_saves_an_rms_norm_from_overflow():
+    from amp_compiler.validate import run_reference
+
+    m = _rms_norm()
+    feeds = {"x": np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32) * 1000}
+    ref = run(m, feeds)[0]  # y only; z overflows by construction
+    errors = {}
+    for flag in (False, True):
+        converted, _ = convert_onnx(m, planner="all", deny_propagation=flag)
+        y = run_reference(converted, feeds)[0]
+        errors[flag] = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))) if np.all(np.isfinite(y)) else np.inf
+    assert errors[False] > 0.5  # mean(x^2) ~ 1e6 is inf in FP16: x / inf = 0
+    assert errors[True] < 1e-2
+
+
+def test_cli_deny_propagation_flag(tmp_path):
+    from amp_compiler import Report, cli
+
+    src, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    onnx.save(_rms_norm(), src)
+    assert cli.main([str(src), "--dry-run", "--planner", "all", "--deny-propagation", "--report", str(report), "-q"]) == 0
+    assert "downstream of deny op mean through sqrt" in {o["name"]: o for o in Report.from_json(report).ops}["div"]["reason"]

@@ -157,3 +157,26 @@ def test_capture_errors_name_the_user_line():
     except RuntimeError as exc:
         err = capture_error(exc, "Net")
     assert str(err).startswith("Net: /home/me/model.py:12 in forward: `if x.max() > 1:`: data-dependent")
+
+
+class _RMSNormLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(256, 256)
+
+    def forward(self, x):
+        return self.proj(x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_deny_propagation_on_the_fx_path_keeps_an_rms_norm_finite():
+    """CPU torch runs FP16 kernels for real: mean(x^2) ~ 1e6 is inf in FP16 unless kept FP32."""
+    model, x = _RMSNormLinear().eval(), torch.randn(512, 256) * 1000
+    with torch.no_grad():
+        ref = model(x)
+        plain = amp_compiler.compile(model, (x,), target="a100", planner="all")
+        strict = amp_compiler.compile(model, (x,), target="a100", planner="all", deny_propagation=True)
+        assert rel_error(ref, plain(x)) > 0.5
+        assert rel_error(ref, strict(x)) < 1e-2
+    ops = {o["name"].rsplit("/", 1)[-1]: o for o in strict.report.ops}
+    assert ops["aten.sqrt"]["precision"] == "float32" and "downstream of deny op" in ops["aten.sqrt"]["reason"]
+    assert ops["aten.addmm"]["precision"] == "float16"
