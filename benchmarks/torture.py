@@ -28,11 +28,13 @@ because it is small) with inputs that FP32 handles and FP16 does not:
 Every tool converts each model with ``keep_io_types=True`` in its own process (as in
 ``benchmarks.peers``). ModelOpt AutoCast gets the test inputs as its calibration data (its
 range rule keeps ops whose calibrated I/O exceed 512 in FP32; without data it would see
-U(-1, 1) inputs). amp-compiler runs three ways: as it is by default (static rules and the
+U(-1, 1) inputs). amp-compiler runs four ways: as it is by default (static rules and the
 cost model, no data), with the test inputs as ``calibration_inputs`` (ops that would hold
-an activation above 65504/2 stay FP32), and with ``planner="all"`` (every op its rules allow
-in FP16 is FP16, whatever the cost model says: what the rules alone protect). The output of every tool is run on ONNX Runtime
-(CPU) and compared with the FP32 model: max|out - fp32| / max|fp32| over the outputs, "inf/NaN"
+an activation above 65504/2, or only FP16 subnormals, stay FP32), with
+``deny_propagation=True`` (TF's rule: infer ops fed by a deny op stay FP32), and with
+``planner="all"`` (every op its rules allow in FP16 is FP16, whatever the cost model says:
+what the rules alone protect). The output of every tool is run on ONNX Runtime (CPU) and
+compared with the FP32 model: max|out - fp32| / max|fp32| over the outputs, "inf/NaN"
 when non-finite values appear where FP32 has none. Tolerance: 1e-2.
 """
 
@@ -61,6 +63,7 @@ OPSET = 18
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "amp-compiler": ("amp-compiler", {}),
     "amp-compiler:calibrated": ("amp-compiler", {"calibrate": True}),
+    "amp-compiler:deny-propagation": ("amp-compiler", {"deny_propagation": True}),
     "amp-compiler:all": ("amp-compiler", {"planner": "all"}),
     "ort-float16": ("ort-float16", {}),
     "occ-float16": ("occ-float16", {}),
@@ -68,8 +71,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 TORTURE_TOOLS = tuple(VARIANTS)
 LABELS = {**TOOL_LABELS, "amp-compiler:calibrated": "amp-compiler, calibrated",
-          "amp-compiler:all": "amp-compiler, planner=all", "modelopt-autocast": "ModelOpt AutoCast, calibrated"}
+          "amp-compiler:all": "amp-compiler, planner=all",
+          "amp-compiler:deny-propagation": "amp-compiler, deny propagation",
+          "modelopt-autocast": "ModelOpt AutoCast, calibrated"}
 FULL_FP16 = ("ort-float16", "occ-float16")
+OUR_VARIANTS = ("amp-compiler", "amp-compiler:calibrated", "amp-compiler:deny-propagation")
 
 
 class Case:
@@ -347,7 +353,7 @@ def verdicts(results: list[dict[str, Any]]) -> dict[str, Any]:
             broken = [t for t in FULL_FP16 if t in tools and (c := _mode_cell(tools[t], mode)) is not None
                       and not c["within_tolerance"]]
             ours = {}
-            for variant in ("amp-compiler", "amp-compiler:calibrated"):
+            for variant in OUR_VARIANTS:
                 c = _mode_cell(tools.get(variant, {}), mode)
                 ours[variant] = None if c is None else {"finite": c["finite"], "within_tolerance": c["within_tolerance"]}
             per_case[entry["case"]] = {"full_fp16_peers_break": broken, "amp_compiler": ours}
@@ -385,14 +391,14 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", f"**{title}**", "", common.md_table(headers, rows, align="l" + "r" * len(tools))]
         v = data["verdicts"][mode]
         broken = [c for c, x in v.items() if x["full_fp16_peers_break"]]
-        held = [c for c in broken if (v[c]["amp_compiler"]["amp-compiler"] or {}).get("within_tolerance")]
-        held_cal = [c for c in broken if (v[c]["amp_compiler"]["amp-compiler:calibrated"] or {}).get("within_tolerance")]
+        held = {variant: [c for c in broken if (v[c]["amp_compiler"].get(variant) or {}).get("within_tolerance")]
+                for variant in OUR_VARIANTS}
         lines += ["", f"The full-FP16 peers (ORT / OCC float16) break {len(broken)} of {len(v)} cases here"
                       + (f" ({', '.join(broken)})" if broken else "")
-                      + f"; amp-compiler by default stays finite and within tolerance in {len(held)} of them"
-                      + (f" ({', '.join(held)})" if held else "")
-                      + f", calibrated in {len(held_cal)}"
-                      + (f" ({', '.join(held_cal)})" if held_cal else "") + "."]
+                      + "; amp-compiler stays finite and within tolerance in "
+                      + "; ".join(f"{len(cases)} of them {how}" + (f" ({', '.join(cases)})" if cases else "")
+                                  for how, cases in zip(("by default", "calibrated", "with deny propagation"),
+                                                        held.values())) + "."]
     lines += ["", "Cases:", ""]
     lines += [f"- `{e['case']}`: {e['what']}" for e in data["results"]]
     return "\n".join(lines)
