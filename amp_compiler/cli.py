@@ -150,6 +150,11 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.dry_run:
         raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
+    runs_models = args.validate or args.fallback or args.calibrate
+    if args.inputs and not runs_models:
+        raise ConversionError(args.inputs, "", "--inputs is read only by --validate, --calibrate or --fallback")
+    if args.runtime != "ort" and not (args.validate or args.fallback):
+        raise ConversionError(args.input, "", f"--runtime {args.runtime} applies only with --validate or --fallback")
     out = check_output_path(args.output, [args.input]) if args.output and not args.dry_run else None
     for report_path in args.report:
         check_output_path(report_path, [args.input])
@@ -196,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
 def _feeds(args, model) -> dict:
     from .validate import load_inputs, random_inputs
 
-    return load_inputs(args.inputs) if args.inputs else random_inputs(model)
+    return load_inputs(args.inputs, model) if args.inputs else random_inputs(model)
 
 
 def _runner(args):

@@ -40,12 +40,20 @@ def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     return feeds
 
 
-def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
+def load_inputs(path: str | Path, model: ModelProto | None = None) -> dict[str, np.ndarray]:
+    """Arrays of an ``.npz`` file by name; with ``model``, every graph input must be among them."""
     try:
         with np.load(path) as data:
-            return {k: data[k] for k in data.files}
+            feeds = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise ConversionError(str(path), "", f"cannot read inputs (.npz expected): {exc}") from None
+    if model is not None:
+        initializers = {i.name for i in model.graph.initializer}
+        missing = [i.name for i in model.graph.input if i.name not in initializers and i.name not in feeds]
+        if missing:
+            raise ConversionError(str(path), f"graph input {missing[0]!r}",
+                                  f"has no array in the file (arrays: {', '.join(sorted(feeds)) or 'none'})")
+    return feeds
 
 
 def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str = "model") -> list[np.ndarray]:

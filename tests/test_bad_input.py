@@ -874,3 +874,17 @@ def test_conversion_error_api_names_file_where_and_reason(tmp_path):
     err = info.value
     assert (err.source, err.where) == ("m.onnx", "node 'mm1' (MatMul)")
     assert err.reason == "input 'nope' is not produced by any node, graph input or initializer"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--runtime", "reference"], "{inp}: --runtime reference applies only with --validate or --fallback"),
+    (["--inputs", "{npz}"], "{npz}: --inputs is read only by --validate, --calibrate or --fallback"),
+    (["--calibrate", "--inputs", "{npz}"], "{npz}: graph input 'x': has no array in the file (arrays: z)"),
+])
+def test_options_that_would_be_ignored_or_cannot_feed_the_model(tmp_path, capsys, extra, message):
+    inp, npz = tmp_path / "m.onnx", tmp_path / "other.npz"
+    onnx.save(mlp(), inp)
+    np.savez(npz, z=np.ones((2, 2), np.float32))
+    fill = {"inp": inp, "npz": npz}
+    assert_refused(capsys, inp, message.format(**fill), out=tmp_path / "out.onnx",
+                   extra=[e.format(**fill) for e in extra], inputs=[npz])
