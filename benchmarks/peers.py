@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             modelopt_versions = ensure_modelopt_env(log=log)[1]
         except ModelOptUnavailable as exc:
             log(f"ModelOpt unavailable, its cells will say why: {exc}")
+    header = common.run_header("peers", argv if argv is not None else sys.argv[1:])  # the code that runs
     started = time.time()
     results = []
     for name in args.models:
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_model(name, args.size, tools, max(1, args.repeat), target=args.target,
                                  timeout=args.timeout, log=log))
     data = {
-        **common.run_header("peers", argv if argv is not None else sys.argv[1:]),
+        **header,
         "modelopt_versions": modelopt_versions, "size": args.size,
         "repeat": max(1, args.repeat), "target": args.target, "tools": list(tools),
         "elapsed_s": time.time() - started, "results": results,

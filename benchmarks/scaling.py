@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    header = common.run_header("scaling", argv, ("onnx", "numpy", "scipy", "networkx"))  # the code that runs
     rows = run(args.sizes, max(1, args.repeat), log)
-    data = {**common.run_header("scaling", argv, ("onnx", "numpy", "scipy", "networkx")),
+    data = {**header,
             "repeat": max(1, args.repeat), "rows": rows, "growth": growth(rows)}
     common.publish("scaling.json", "scaling-table", data, render(data), not args.no_readme, log)
     return 0

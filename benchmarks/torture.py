@@ -415,13 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    header = common.run_header("torture", argv, ("onnx", "onnxruntime", "onnxconverter-common"))  # the code that runs
     cases = [c for c in build_cases() if args.cases is None or c.name in args.cases]
     work = Path(tempfile.mkdtemp(prefix="amp-torture-"))
     try:
         results = [run_case(c, tuple(args.tools), log, work) for c in cases]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    data = {**common.run_header("torture", argv, ("onnx", "onnxruntime", "onnxconverter-common")),
+    data = {**header,
             "tools": list(args.tools), "tolerance": TOLERANCE, "results": results}
     data["verdicts"] = verdicts(results)
     common.publish("torture.json", "torture-table", data, render(data), not args.no_readme, log)
