@@ -32,16 +32,23 @@ from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, UNKNOWN, OpDef
 
-from .base import Pass, PassResult, PlanContext
+from .base import Pass, PassResult, PlanContext, check, snapshot
 
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
+_DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", "forbid_low", "source_dtype")
 
 
 class ClassifyPass(Pass):
     name = "classify"
 
+    def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "ensures", (op.name for op in graph.ops.values() if not op.inserted and (
+            op.op_class is None or len(op.input_roles) != len(op.inputs)
+            or len(op.output_roles) != len(op.outputs))), "every op has a class and a role per port")
+
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         registry = ctx.registry or DEFAULT_REGISTRY
+        before = snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
         for op in graph.ops.values():
             if op.inserted:
@@ -52,7 +59,7 @@ class ClassifyPass(Pass):
             _assign_roles(graph, op, row, ctx)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
         details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts))
-        return PassResult(graph, True, details)
+        return PassResult(graph, snapshot(graph, *_DECIDES) != before, details)
 
 
 def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:

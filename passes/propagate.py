@@ -10,7 +10,7 @@ Rewrite cases:
    or double-round, and it is not what the user asked to lower.
 3. ``deny`` and ``unknown`` ops, ops without float data, ops whose schema forbids
    the low dtype (``forbid_low``), and ops that read a constant or read/write an
-   activation the low dtype cannot hold (``low_unsafe``, calibrated ``range_unsafe``)
+   activation the low dtype cannot hold (``low_unsafe``, set by the numerics pass)
    are ineligible.
 4. With ``ctx.deny_propagation`` (TF's rule), an infer op fed by a deny op through
    infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
@@ -35,7 +35,7 @@ from amp_compiler.dtypes import FLOAT32
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
-from .base import Pass, PassResult, PlanContext
+from .base import Pass, PassResult, PlanContext, check, snapshot
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
@@ -45,7 +45,12 @@ OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are plann
 class PropagatePass(Pass):
     name = "propagate"
 
+    def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
+              "every op has a class (run classify first)")
+
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        before = snapshot(graph, "eligible", "precision", "reason")
         after_unscale = _after_unscale(graph)
         candidates = []
         for op in graph.ops.values():
@@ -111,7 +116,7 @@ class PropagatePass(Pass):
         details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
         if after_unscale:
             details += f", {len(after_unscale)} after unscale markers"
-        return PassResult(graph, True, details)
+        return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
 
 
 def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str, tuple[str, str]]:
@@ -152,13 +157,13 @@ def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
     for port, name in enumerate(op.inputs):
         if name and op.input_roles[port] == UNIT:
             t = graph.tensors[name]
-            if t.low_unsafe or t.range_unsafe:
-                return t.low_unsafe or t.range_unsafe
+            if t.low_unsafe:
+                return t.low_unsafe
     for port, name in enumerate(op.outputs):  # a Constant node whose value FP16 cannot hold, say
         if name and op.output_roles[port] == UNIT:
             t = graph.tensors[name]
-            if t.low_unsafe or t.range_unsafe:
-                return t.low_unsafe or t.range_unsafe
+            if t.low_unsafe:
+                return t.low_unsafe
     return None
 
 

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler.onnx_io.importer import import_model
 from amp_compiler.plan import make_context, run_passes
+from amp_compiler.plan_report import build_report
 
 RNG = np.random.default_rng(0)
 
@@ -30,10 +31,15 @@ def fin(name: str, *shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
 
 def plan(m: onnx.ModelProto, **options):
     """Import and run the passes; returns (graph, report)."""
+    result = plan_result(m, **options)
+    return result.graph, build_report(result)
+
+
+def plan_result(m: onnx.ModelProto, **options):
+    """Import and run the passes; returns the ``PlanResult``."""
     dims = options.pop("dim_values", None)
     imp = import_model(m, default_dim=options.get("default_dim", 8))
-    report = run_passes(imp.graph, make_context(**options), "test", dims)
-    return imp.graph, report
+    return run_passes(imp.graph, make_context(**options), "test", dims)
 
 
 def run(m: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
