@@ -217,7 +217,7 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> 
         users = [u for u in node.users]
         if not users:
             continue
-        added.append(_ir_cast(graph, t, str(val.dtype)[6:], _op_of(imp, node)))
+        added.append(_ir_cast(graph, t, str(val.dtype)[6:]))
         with g.inserting_after(node):
             cast = g.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": dtype_to_torch(t.dtype)})
         cast.meta["amp_inserted"] = True
@@ -226,7 +226,7 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> 
             u.replace_input_with(node, cast)
 
 
-def _ir_cast(graph: PrecisionGraph, t: Tensor, actual: str, kernel: str) -> str:
+def _ir_cast(graph: PrecisionGraph, t: Tensor, actual: str) -> str:
     """Record in the IR that ``t``'s producer writes ``actual`` and a cast makes the planned dtype."""
     if t.producer is None:
         raise ConversionError(graph.name, f"tensor {t.name}", f"is {actual} at run time, not {t.dtype} (emitter bug)")
@@ -238,7 +238,7 @@ def _ir_cast(graph: PrecisionGraph, t: Tensor, actual: str, kernel: str) -> str:
     cast = Op(graph.fresh_name(f"{t.name}_cast_{short(t.dtype)}"), "aten._to_copy.default", [real.name], [t.name],
               scope=t.scope, attrs={"to": t.dtype}, canonical="cast", op_class="clear", input_roles=[ANY],
               output_roles=[FIXED], precision=t.dtype, inserted=True,
-              reason=f"the {kernel} kernel returns {short(actual)} where the plan has {short(t.dtype)}: "
+              reason=f"the {producer.name} kernel returns {short(actual)} where the plan has {short(t.dtype)}: "
                      f"cast added by the FX emitter")
     graph.add_op(cast, index_after=producer.name)
     return cast.name
