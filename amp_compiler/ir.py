@@ -74,6 +74,8 @@ class Tensor:
     scope_output: bool = False
     #: raw value statistics of a float constant (importers record them; no policy)
     stats: ValueStats | None = None
+    #: what the source calls the value, for reasons: "initializer", "constant", "parameter", "buffer"
+    origin: str = ""
     #: largest finite magnitude seen on calibration data (``calibrate.activation_ranges``)
     calibrated_peak: float | None = None
     #: set by the numerics pass: why this value cannot be held in the target low dtype, if so

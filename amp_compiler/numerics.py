@@ -20,16 +20,22 @@ FP16_MIN_NORMAL = 2.0 ** -14  # below it FP16 values are subnormal: fewer than 1
 
 @dataclass(frozen=True)
 class DtypeRange:
-    """What a low dtype holds: largest finite value, smallest subnormal, smallest normal."""
+    """What a low dtype holds: largest finite value, smallest subnormal, smallest normal, and
+    its explicit significand bits (the spacing near ``x`` is ``2 ** (floor(log2 x) - bits)``)."""
 
     max: float
     tiny: float
     min_normal: float
+    bits: int
+
+    def spacing(self, x: float) -> float:
+        """Distance between neighbouring values of the dtype near ``x`` (normal range)."""
+        return 2.0 ** (int(np.floor(np.log2(abs(x)))) - self.bits)
 
 
 RANGES = {
-    "float16": DtypeRange(FP16_MAX, FP16_TINY, FP16_MIN_NORMAL),
-    "bfloat16": DtypeRange(3.3895313892515355e38, 2.0 ** -133, 2.0 ** -126),  # FP32's exponent range
+    "float16": DtypeRange(FP16_MAX, FP16_TINY, FP16_MIN_NORMAL, 10),
+    "bfloat16": DtypeRange(3.3895313892515355e38, 2.0 ** -133, 2.0 ** -126, 7),  # FP32's exponent range
 }
 
 _EXPONENT_BINS = 256  # float32 biased exponents; bin 0 holds the (nonzero) subnormals

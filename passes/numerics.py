@@ -19,6 +19,14 @@ every op reading or writing a flagged value through a unit port in FP32):
 5. Value flow: a flag follows the value through data movement (clear ops other than casts)
    and ``VALUE_FLOW`` ops, whose outputs carry their inputs' extremes, so no op on the way
    casts it to the low dtype (where it would become inf).
+6. A constant flagged only because its values flush to zero does not veto a reader that
+   adds it (Add/Sub, a Conv/Gemm bias): BN-folded biases of 1e-9 vanish beside their addend.
+7. Trigonometric functions (Sin, Cos, Tan) of an argument that is not bounded stay FP32, and
+   so do the ops computing that argument from integers and constants alone (RoPE: position x
+   inv_freq): the dtype's spacing near 2048 (2 in FP16, 16 in BF16) loses the angle.
+8. A reduction -> add-eps -> sqrt/rsqrt/reciprocal chain stays FP32 when eps is below the
+   dtype's smallest normal (a variance near zero plus eps would be subnormal, its reciprocal
+   overflow); an output that overflows the dtype (1/eps) is flagged like a constant.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from amp_compiler.dtypes import is_float, short
 from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import RANGES, DtypeRange
 from amp_compiler.registry import CLEAR
+
+from .numerics_chains import eps_chains, trig_chains
 
 from .base import Pass, PassResult, PlanContext, check
 from .result import NumericsFlags
@@ -53,8 +63,9 @@ class NumericsPass(Pass):
         rng, label = RANGES[ctx.low_dtype], short(ctx.low_dtype).upper()
         tensors: dict[str, str] = {}
         ops: dict[str, str] = {}
-        for t in graph.tensors.values():  # 1, 3
-            why = constant_reason(t, rng, label) or calibrated_reason(t, rng, label, ctx.calibration_margin)
+        for t in graph.tensors.values():  # 1, 3, 6
+            why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
+            why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)
             if why:
                 tensors[t.name] = why
         for op in graph.ops.values():
@@ -66,6 +77,13 @@ class NumericsPass(Pass):
                         tensors.setdefault(out, ops[op.name])
         for name in qdq_members(graph):  # 4
             ops.setdefault(name, QDQ_KEEP)
+        for name, why in trig_chains(graph, rng, label).items():  # 7
+            ops.setdefault(name, why)
+        chain_ops, overflowing = eps_chains(graph, rng, label)  # 8
+        for name, why in chain_ops.items():
+            ops.setdefault(name, why)
+        for name, why in overflowing.items():
+            tensors.setdefault(name, why)
         _follow_value_flow(graph, tensors)  # 5
         changed = False
         for name, why in tensors.items():
@@ -77,9 +95,26 @@ class NumericsPass(Pass):
             if op.forbid_low is None:
                 op.forbid_low, changed = why, True
         qdq = sum(1 for why in ops.values() if why == QDQ_KEEP)
-        details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops with such arguments, " \
-                  f"{qdq} ops in QDQ units"
+        details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops kept FP32 by a numerics " \
+                  f"rule, {qdq} ops in QDQ units"
         return PassResult(graph, changed, details, NumericsFlags(tensors, ops))
+
+
+#: (canonical op, input port) pairs that add their operand: an operand flushed to zero changes nothing
+_ADDITIVE_PORTS = {"conv": (2,), "conv_transpose": (2,), "gemm": (2,)}
+_ADDITIVE_OPS = frozenset({"add", "sub", "bias_add"})
+
+
+def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange) -> bool:
+    """Whether ``t`` is a constant whose only trouble is underflow, read only as an addend (rule 6)."""
+    s = t.stats
+    if s is None or s.max_abs > rng.max or not t.consumers:
+        return False
+    for name, port in t.consumers:
+        canonical = graph.ops[name].canonical or ""
+        if canonical not in _ADDITIVE_OPS and port not in _ADDITIVE_PORTS.get(canonical, ()):
+            return False
+    return True
 
 
 def constant_reason(t: Tensor, rng: DtypeRange, label: str) -> str | None:
@@ -87,7 +122,7 @@ def constant_reason(t: Tensor, rng: DtypeRange, label: str) -> str | None:
     s = t.stats
     if s is None:
         return None
-    what = f"{'constant' if t.producer else 'initializer'} {t.name}"
+    what = f"{t.origin or 'constant'} {t.name}"
     if s.max_abs > rng.max:
         return f"{what} has values beyond the {label} range (max |w| = {s.max_abs:.3g})"
     tiny = s.below(rng.tiny)

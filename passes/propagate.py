@@ -14,7 +14,9 @@ Rewrite cases:
    are ineligible.
 4. With ``ctx.deny_propagation`` (TF's rule), an infer op fed by a deny op through
    infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
-   way to an allow op is left to the cost model.
+   way to an allow op is left to the cost model. The walk stops at ops whose output is
+   bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``);
+   they stay candidates.
 5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -36,6 +38,7 @@ from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
+from .numerics_chains import BOUNDED
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
@@ -123,7 +126,8 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str
     """Infer ops fed by a deny op through infer/clear ops, and the clear ops between them (TF's rule).
 
     ``deny -> infer -> clear -> infer -> clear -> allow`` taints the two infer ops and the
-    clear op between them; the clear op in front of the allow op stays a candidate. Returns
+    clear op between them; the clear op in front of the allow op stays a candidate. The walk
+    passes through ops already FP32 for another rule (an add-eps the numerics pass kept). Returns
     each tainted op with the deny op behind it and the op that led there.
     """
     reached: dict[str, tuple[str, str]] = {}
@@ -135,18 +139,20 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str
             if not out or op.output_roles[port] != UNIT:
                 continue
             for cons, cport in graph.tensors[out].consumers:
-                if cons in candidates and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
+                passes_through = cons in candidates or graph.ops[cons].precision == FLOAT32  # FP32 for another rule
+                if passes_through and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
+                        and graph.ops[cons].canonical not in BOUNDED \
                         and graph.ops[cons].input_roles[cport] in (UNIT, ANY):
                     reached[cons] = (source, name)
                     queue.append((cons, source))
-    tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER}
+    tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER and n in candidates}
     # a clear op stays tainted only on the way to a tainted infer op
     stack = list(tainted)
     while stack:
         op = graph.ops[stack.pop()]
         for port, inp in enumerate(op.inputs):
             prod = graph.tensors[inp].producer if inp else None
-            if prod in reached and prod not in tainted and graph.ops[prod].op_class == CLEAR:
+            if prod in reached and prod not in tainted and graph.ops[prod].op_class == CLEAR and prod in candidates:
                 tainted[prod] = reached[prod]
                 stack.append(prod)
     return tainted

@@ -128,3 +128,111 @@ def test_numerics_requires_classes():
     b = _weight_graph(np.ones((4, 4)))
     with pytest.raises(PassError, match="numerics: requires violated: every op has a class.*mm"):
         NumericsPass()(b.graph, make_context())
+
+
+def test_an_underflowing_bias_does_not_veto_its_add_but_does_veto_a_product():
+    b = IRBuilder()
+    x = b.input("x")
+    bias = b.const("bias", np.full(256, 1e-9))  # a BN-folded bias: flushed to zero beside its addend
+    scale = b.const("scale", np.full(256, 1e-9))
+    h = b.op("MatMul", [x, b.input("w")], "mm")
+    added = b.op("Add", [h, bias], "add_bias")
+    b.output(b.op("Mul", [added, scale], "mul_scale"))
+    result = _numerics(b, planner="all")
+    assert "bias" not in result.output.tensors
+    assert "would flush to zero" in result.output.tensors["scale"]
+    ops = b.graph.ops
+    assert ops["add_bias"].eligible and not ops["mul_scale"].eligible
+
+
+def test_an_overflowing_addend_still_vetoes_its_add():
+    b = IRBuilder()
+    b.output(b.op("Add", [b.op("MatMul", [b.input("x"), b.input("w")], "mm"), b.const("c", np.full(256, 1e6))],
+                  "add_big"))
+    result = _numerics(b, planner="all")
+    assert "c" in result.output.tensors and not b.graph.ops["add_big"].eligible
+
+
+def _rms_norm(eps: float) -> IRBuilder:
+    """x -> Pow -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> Mul(x) -> MatMul."""
+    b = IRBuilder()
+    x = b.input("x")
+    sq = b.op("Pow", [x, b.const("two", [2.0])], "pow")
+    var = b.op("ReduceMean", [sq], "mean", shape=(256, 1))
+    shifted = b.op("Add", [var, b.const("eps", [eps])], "add_eps")
+    root = b.op("Sqrt", [shifted], "sqrt")
+    inv = b.op("Reciprocal", [root], "recip")
+    normed = b.op("Mul", [x, inv], "scale")
+    b.output(b.op("MatMul", [normed, b.input("w")], "mm"))
+    return b
+
+
+@pytest.mark.parametrize("eps, dtype, protected", [
+    (1e-6, "fp16", True),  # below FP16's smallest normal (6.1e-5)
+    (1e-6, "bf16", False),  # BF16 has FP32's exponent range
+    (1e-3, "fp16", False),  # var + eps stays a normal FP16 number
+])
+def test_reduction_add_eps_sqrt_chain_is_protected_per_dtype(eps, dtype, protected):
+    b = _rms_norm(eps)
+    result = _numerics(b, dtype, planner="all")
+    ops = b.graph.ops
+    assert (set(result.output.ops) == {"add_eps", "sqrt"}) is protected
+    assert all(not ops[n].eligible for n in ("add_eps", "sqrt")) is protected
+    assert ops["recip"].eligible and ops["scale"].eligible  # after the root the value is an ordinary one
+    if protected:
+        assert f"plus eps {eps:.3g}" in ops["sqrt"].reason
+
+
+@pytest.mark.parametrize("dtype, flagged", [("fp16", True), ("bf16", False)])
+def test_a_reciprocal_of_eps_that_overflows_is_flagged_as_a_value(dtype, flagged):
+    b = IRBuilder()
+    var = b.op("ReduceMean", [b.input("x")], "mean", shape=(256, 1))
+    inv = b.op("Reciprocal", [b.op("Add", [var, b.const("eps", [1e-6])], "add_eps")], "recip")
+    b.output(b.op("MatMul", [b.op("Mul", [b.input("y"), inv], "scale"), b.input("w")], "mm"))
+    result = _numerics(b, dtype, planner="all")
+    assert ("recip_out" in result.output.tensors) is flagged
+    assert b.graph.ops["scale"].eligible is not flagged  # it reads the overflowing value
+    if flagged:
+        assert "can reach 1e+06 (1/eps), beyond the FP16 range" in result.output.tensors["recip_out"]
+
+
+@pytest.mark.parametrize("bounded_op", ["Softmax", "Tanh", "LayerNormalization"])
+def test_deny_propagation_stops_at_ops_whose_output_is_bounded(bounded_op):
+    b = IRBuilder()
+    s = b.op("ReduceSum", [b.input("x")], "sum")  # deny: its range is unknown
+    scaled = b.op("Mul", [s, b.input("k")], "scaled")  # infer fed by deny: tainted
+    bounded = b.op(bounded_op, [scaled], "bounded")
+    after = b.op("Add", [bounded, b.input("z")], "after")
+    b.output(b.op("MatMul", [after, b.input("w")], "mm"))
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), planner="all", deny_propagation=True)
+    ops = b.graph.ops
+    assert not ops["scaled"].eligible and "downstream of deny op sum" in ops["scaled"].reason
+    assert ops["bounded"].eligible and ops["after"].eligible
+    b2 = IRBuilder()  # without the option nothing downstream of the deny op is tainted
+    b2.output(b2.op("Mul", [b2.op("ReduceSum", [b2.input("x")], "sum"), b2.input("k")], "scaled"))
+    b2.run(ClassifyPass(), NumericsPass(), PropagatePass(), planner="all", deny_propagation=False)
+    assert b2.graph.ops["scaled"].eligible
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_trig_of_a_bounded_argument_may_go_low_and_of_an_unbounded_one_not(bounded):
+    b = IRBuilder()
+    h = b.op("MatMul", [b.input("x"), b.input("w")], "mm")
+    arg = b.op("Tanh", [h], "squash") if bounded else b.op("Relu", [h], "relu")
+    b.output(b.op("MatMul", [b.op("Sin", [arg], "sin"), b.input("w2")], "mm2"))
+    result = _numerics(b, planner="all")
+    assert ("sin" in result.output.ops) is not bounded
+    assert b.graph.ops["sin"].eligible is bounded
+    assert b.graph.ops["mm"].eligible  # activations feeding the argument are not position math
+
+
+@pytest.mark.parametrize("dtype, spacing", [("fp16", "2"), ("bf16", "16")])
+def test_position_times_frequency_stays_fp32_with_the_dtype_spacing(dtype, spacing):
+    b = IRBuilder((2048, 32))
+    pos = b.op("Cast", [b.input("pos", "int64")], "pos_float", dtype="float32")
+    angle = b.op("Mul", [pos, b.const("inv_freq", np.ones((1, 32)))], "angle")
+    b.output(b.op("MatMul", [b.op("Cos", [angle], "cos"), b.input("w")], "mm"))
+    result = _numerics(b, dtype, planner="all")
+    assert set(result.output.ops) == {"pos_float", "angle", "cos"}
+    assert f"spacing near 2048 is {spacing}," in result.output.ops["cos"]
+    assert b.graph.ops["mm"].eligible

@@ -389,29 +389,35 @@ def test_deny_propagation_keeps_infer_ops_fed_by_deny_ops_fp32():
     _, plain = convert_onnx(m, planner="all")
     _, strict = convert_onnx(m, planner="all", deny_propagation=True)
     plain_ops, strict_ops = ({o["name"]: o for o in r.ops} for r in (plain, strict))
-    assert all(plain_ops[n]["precision"] == "float16" for n in ("add_eps", "sqrt", "div"))
-    for name in ("add_eps", "sqrt", "div"):  # the mean square's range is unknown: FP32 all the way to the GEMM
-        assert strict_ops[name]["precision"] == "float32"
-        assert "downstream of deny op" in strict_ops[name]["reason"]
+    # eps 1e-6 is below FP16's smallest normal: the numerics pass keeps add-eps and sqrt FP32 either way
+    for name in ("add_eps", "sqrt"):
+        assert plain_ops[name]["precision"] == strict_ops[name]["precision"] == "float32"
+        assert "of a reduction plus eps 1e-06" in plain_ops[name]["reason"]
+    assert plain_ops["div"]["precision"] == "float16"
+    # the mean square's range is unknown: with deny propagation FP32 all the way to the GEMM
+    assert strict_ops["div"]["precision"] == "float32" and "downstream of deny op" in strict_ops["div"]["reason"]
     assert strict_ops["proj"]["precision"] == "float16"  # allow ops still take FP16
     # a clear op on the way to an allow op is not tainted: the cost model decides it
     assert "downstream of deny op" not in strict_ops["reshape"]["reason"]
     assert strict_ops["proj_sq"]["precision"] == "float16"
 
 
-def test_deny_propagation_saves_an_rms_norm_from_overflow():
+def test_eps_chain_rule_and_deny_propagation_each_save_an_rms_norm_from_overflow(monkeypatch):
+    import passes.numerics
     from amp_compiler.validate import run_reference
 
     m = _rms_norm()
     feeds = {"x": np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32) * 1000}
     ref = run(m, feeds)[0]  # y only; z overflows by construction
-    errors = {}
-    for flag in (False, True):
-        converted, _ = convert_onnx(m, planner="all", deny_propagation=flag)
-        y = run_reference(converted, feeds)[0]
-        errors[flag] = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))) if np.all(np.isfinite(y)) else np.inf
-    assert errors[False] > 0.5  # mean(x^2) ~ 1e6 is inf in FP16: x / inf = 0
-    assert errors[True] < 1e-2
+
+    def error(**options) -> float:
+        y = run_reference(convert_onnx(m, planner="all", **options)[0], feeds)[0]
+        return float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))) if np.all(np.isfinite(y)) else np.inf
+
+    assert error() < 1e-2  # by default: the add-eps -> sqrt chain stays FP32 (numerics rule 8)
+    monkeypatch.setattr(passes.numerics, "eps_chains", lambda *args: ({}, {}))
+    assert error() > 0.5  # without that rule mean(x^2) ~ 1e6 is inf in FP16: x / inf = 0
+    assert error(deny_propagation=True) < 1e-2
 
 
 def test_cli_deny_propagation_flag(tmp_path):

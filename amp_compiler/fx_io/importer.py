@@ -152,8 +152,10 @@ def _weight_kind(val: torch.Tensor, is_parameter: bool, training: bool, written:
 def _add_weight(imp: FxImport, fqn: str, value: torch.Tensor, kind: str, where, index: int | None) -> str:
     name = _add_tensor(imp, fqn, value, kind, where)
     imp.weights[name] = (value, fqn, index)
+    t = imp.graph.tensors[name]
+    t.origin = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
     if value.dtype == torch.float32 and not _is_fake(value):
-        imp.graph.tensors[name].stats = stats_of(value.detach().reshape(-1).cpu().numpy())
+        t.stats = stats_of(value.detach().reshape(-1).cpu().numpy())
     return name
 
 

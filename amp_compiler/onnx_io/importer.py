@@ -84,6 +84,7 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         imp.initializers[init.name] = init
         if init.data_type == TensorProto.FLOAT:
             graph.tensors[init.name].stats = ValueStats.of_chunks(iter_chunks(init, imp.base_dir))
+            graph.tensors[init.name].origin = "initializer"
     for k, inp in enumerate(g.input):
         if inp.name in imp.initializers:
             continue
@@ -106,6 +107,7 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         if node.op_type in ("Constant", "ConstantOfShape") and node.domain in ("", "ai.onnx") \
                 and node.output and node.output[0]:
             graph.tensors[node.output[0]].stats = _constant_stats(node)
+            graph.tensors[node.output[0]].origin = "constant"
         for inp in node.input:
             if inp and inp not in graph.tensors:
                 raise ConversionError(source, f"node {node.name or name} ({node.op_type})",
