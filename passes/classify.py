@@ -13,6 +13,8 @@ Rewrite cases:
    with a type parameter of its own, accepts ``any`` float dtype; a
    port whose schema type is one concrete dtype, or whose group cannot take both FP32
    and the low dtype, is ``fixed``; non-float ports are ``other``.
+   An op the registry does not know but the user allows (``--allow MyOp``) is planned
+   like a known op: its float ports form units (not ``fixed``, which left it "no float data").
 4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``; registry
    ``unit_inputs`` (RMSNormalization's X, whose type inference follows Y) become ``unit``.
 5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
@@ -81,6 +83,7 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
 
 
 def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext) -> None:
+    known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
     def dtype_in(port: int) -> str | None:
         name = op.inputs[port] if port < len(op.inputs) else ""
         return graph.tensors[name].dtype if name else None
@@ -99,7 +102,7 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
         if not floats_in and not floats_out:
             continue
         can_switch = FLOAT32 in group.allowed and ctx.low_dtype in group.allowed
-        if control_flow or group.fixed_type or row is None:
+        if control_flow or group.fixed_type or not known:
             role = FIXED
         elif not group.outputs and len(group.inputs) == 1 and not group.binds_output:
             role = ANY if can_switch else FIXED
@@ -113,7 +116,7 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
             out_roles[o] = role
     if not op.port_groups:
         # No schema (e.g. com.microsoft ops): float ports of a known op share one unit.
-        default = UNIT if row is not None and not control_flow else FIXED
+        default = UNIT if known and not control_flow else FIXED
         in_roles = [default if dtype_in(i) in _CONVERTIBLE else OTHER for i in range(len(op.inputs))]
         out_roles = [default if dtype_out(o) in _CONVERTIBLE else OTHER for o in range(len(op.outputs))]
     if row is not None:  # registry FP32-only ports, and inputs the schema's inference ties to the output

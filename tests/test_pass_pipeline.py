@@ -159,3 +159,16 @@ def test_run_passes_returns_a_typed_plan_result_with_records_by_name():
     assert result.timer.flops(b.graph.ops["mm1"]) == 2.0 * 4096 * 4092 * 4092
     assert not hasattr(b.graph, "meta")
     assert not hasattr(make_context(), "alignment")
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_an_unknown_op_the_user_allows_is_planned_like_a_known_one(allowed):
+    b = IRBuilder((64, 64))
+    b.output(b.op("MyOp", [b.op("MatMul", [b.input("x"), b.input("w")], "mm")], "custom"))
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), allow={"MyOp"} if allowed else (),
+          planner="all")
+    op = b.graph.ops["custom"]
+    if allowed:
+        assert op.op_class == "allow" and op.input_roles == ["unit"] and op.precision == "float16"
+    else:
+        assert op.op_class == "unknown" and op.input_roles == ["fixed"] and "not in the registry" in op.reason
