@@ -4,6 +4,10 @@ Entry points: ``convert_onnx`` (ONNX in, ONNX out), the ``amp-compile`` CLI, ``c
 (an ``nn.Module`` in, a mixed-precision module out), the ``torch.compile`` backend
 ``"amp_compiler"`` and ``compile_training`` (one captured mixed-precision training step);
 every entry point returns or saves a ``Report`` that says what runs in which precision and why.
+
+The public names are resolved on first use (PEP 562): ``import amp_compiler`` loads neither
+onnx, scipy nor torch, and ``passes`` / ``cost_model`` import cleanly on their own
+(docs/architecture.md, "Packages and layering").
 """
 
 import sys as _sys
@@ -11,21 +15,25 @@ import sys as _sys
 __version__ = "0.1.0"
 
 from .errors import ConversionError  # noqa: E402
-from .onnx_api import convert_onnx  # noqa: E402
-from .report import Report  # noqa: E402
 
 __all__ = ["ConversionError", "Report", "__version__", "compile", "compile_training", "convert_onnx"]
 
-#: public names whose modules import torch: resolved on first use, so ``import amp_compiler`` needs no torch
-_TORCH_API = {"compile": "torch_api", "compile_training": "training"}
+#: public name -> the submodule defining it, imported on first access
+_LAZY = {"convert_onnx": "onnx_api", "Report": "report", "compile": "torch_api", "compile_training": "training"}
 
 
 def __getattr__(name: str):
-    if name in _TORCH_API:
+    if name in _LAZY:
         from importlib import import_module
 
-        return getattr(import_module(f"{__name__}.{_TORCH_API[name]}"), name)
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 if _sys.modules.get("torch") is not None:  # a torch user: torch.compile(backend="amp_compiler") works now

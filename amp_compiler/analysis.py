@@ -3,7 +3,7 @@
 ``analyze_model(model)`` imports a model -- ours, a peer tool's, or the FP32 original --
 with the ONNX importer, gives every op its roles with the classify pass (so the ruler
 knows which ports take the op's precision), then prices each op **at the dtype it
-actually has in the file** with the planner's own ``passes.costs.OpTimer``:
+actually has in the file** with the planner's own ``cost_model.timer.OpTimer``:
 
 * an op with float ports is charged ``OpTimer.time(op, dtype)``, where ``dtype`` is the
   dtype of its unit ports in the model (a converter that left a Softmax in FP32 pays
@@ -62,7 +62,7 @@ def analyze_model(model: ModelProto | str | os.PathLike, *, target: str = "h100"
                   dim_values: dict[str, int] | None = None, profile=None) -> ModelAnalysis:
     """Price every op of ``model`` at its actual dtype on ``target``; see the module docstring."""
     from passes import ClassifyPass
-    from passes.costs import OpTimer
+    from cost_model.timer import OpTimer
 
     from .onnx_io.files import load_model
     from .onnx_io.importer import import_model

@@ -35,6 +35,7 @@ from .fx_io.capture import dynamo_aten_graph, dynamo_weights
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .plan import make_context, run_passes
+from .plan_report import build_report
 from .report import Report
 
 NAME = "amp_compiler"
@@ -65,11 +66,12 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
     ctx = make_context(dtype=low, training=bool(training), **{k: opts[k] for k in _PLAN_OPTIONS if k in opts})
-    imp = import_graph_module(aten, source=source, training=bool(training), weights=weights, low_dtype=low,
+    imp = import_graph_module(aten, source=source, training=bool(training), weights=weights,
                               default_dim=ctx.default_dim)
     ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
-    report = run_passes(imp.graph, ctx, source, imp.dim_values)
-    folded = emit(imp)
+    result = run_passes(imp.graph, ctx, source, imp.dim_values)
+    folded = emit(imp, result)
+    report = build_report(result)  # after emission: counts the casts the emitter added
     reports.append(report)
     if opts.get("on_report"):
         opts["on_report"](report)

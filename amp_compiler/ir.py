@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import networkx as nx
 
 from .dtypes import FLOAT32, is_float, itemsize
+
+if TYPE_CHECKING:
+    from .numerics import ValueStats
 
 UNIT, FIXED, ANY, OTHER = "unit", "fixed", "any", "other"
 
@@ -69,10 +72,14 @@ class Tensor:
     unscale_marker: bool = False
     #: an output of a subgraph: keeps its dtype so the owning If/Loop/Scan stays consistent
     scope_output: bool = False
-    #: why this constant cannot be stored in the low dtype (values out of range), if so
+    #: raw value statistics of a float constant (importers record them; no policy)
+    stats: ValueStats | None = None
+    #: what the source calls the value, for reasons: "initializer", "constant", "parameter", "buffer"
+    origin: str = ""
+    #: largest finite magnitude seen on calibration data (``calibrate.activation_ranges``)
+    calibrated_peak: float | None = None
+    #: set by the numerics pass: why this value cannot be held in the target low dtype, if so
     low_unsafe: str | None = None
-    #: why this activation cannot be held in the low dtype (calibrated range), if so
-    range_unsafe: str | None = None
 
     @property
     def is_constant(self) -> bool:
@@ -103,7 +110,9 @@ class Op:
     inputs: list[str]  # tensor names; "" for an absent optional input
     outputs: list[str]
     domain: str = ""
-    attrs: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, object] = field(default_factory=dict)
+    #: float scalars among the op's arguments (FX: a ``full(..., -3.4e38)`` fill value)
+    scalars: tuple[float, ...] = ()
     scope: str = ""
     canonical: str | None = None
     op_class: str | None = None  # allow / infer / clear / deny / unknown
@@ -122,38 +131,26 @@ class Op:
     inserted: bool = False  # created by a pass (a cast), not in the source
     #: low-precision dtype forbidden for this op, with why (schema, user, numerics)
     forbid_low: str | None = None
-    force_low: str | None = None
 
     @property
     def has_unit_ports(self) -> bool:
         return UNIT in self.input_roles or UNIT in self.output_roles
 
 
-@dataclass
-class PrecisionUnit:
-    """Ops whose float ports must share one dtype; the planner gives each unit one precision."""
-
-    id: int
-    ops: list[str]
-    precision: str | None = None
-    reason: str = ""
-    time_fp32: float = 0.0
-    time_low: float = 0.0
-
-
 class PrecisionGraph:
-    """Ops and tensors of one model, in topological order, plus planning state."""
+    """Ops and tensors of one model, in topological order, and the dim sizes the cost model uses."""
 
     def __init__(self, name: str = "model") -> None:
         self.name = name
         self.ops: dict[str, Op] = {}
         self.tensors: dict[str, Tensor] = {}
-        self.units: dict[int, PrecisionUnit] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         #: subgraph boundaries: scope -> (owner op name, formal input names, output names)
         self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
-        self.meta: dict[str, Any] = {}
+        self.opsets: dict[str, int] = {}  # ONNX: domain -> opset version of the source model
+        self._default_dim = 1
+        self._dim_values: dict[str, int] = {}
         self._fresh = itertools.count()
         self._reserved: set[str] = set()
         self._numel_cache: dict[tuple, int] = {}  # cleared when dim sizes change (set_dim_sizes)
@@ -247,20 +244,17 @@ class PrecisionGraph:
                     g.add_edge(t.producer, c, tensor=t.name)
         return g
 
-    def stats(self) -> dict[str, int]:
-        return {"ops": len(self.ops), "tensors": len(self.tensors), "units": len(self.units)}
-
     def set_dim_sizes(self, default_dim: int, dim_values: dict[str, int] | None = None) -> None:
         """Sizes the cost model uses for symbolic dims."""
-        self.meta["default_dim"] = default_dim
-        self.meta["dim_values"] = dict(dim_values or {})
+        self._default_dim = int(default_dim)
+        self._dim_values = dict(dim_values or {})
         self._numel_cache.clear()
 
     def default_dim(self) -> int:
-        return int(self.meta.get("default_dim", 1))
+        return self._default_dim
 
     def dim_values(self) -> dict[str, int]:
-        return self.meta.get("dim_values") or {}
+        return self._dim_values
 
     def numel(self, tensor: str | Tensor) -> int:
         """Element count for cost estimates (symbolic dims resolved from the graph's dim sizes)."""
@@ -285,15 +279,7 @@ class PrecisionGraph:
                 for x in t.shape]
 
 
-def produced_dtype_role(graph: PrecisionGraph, tensor: Tensor) -> str:
-    """The role of the port that produces ``tensor`` (``other`` for inputs and constants)."""
-    if tensor.producer is None:
-        return OTHER
-    op = graph.ops[tensor.producer]
-    return op.output_roles[tensor.producer_port] if op.output_roles else OTHER
-
-
 __all__ = [
     "ACTIVATION", "ANY", "CONSTANT", "FIXED", "FLOAT32", "GRAPH_INPUT", "OTHER", "PARAMETER", "UNIT",
-    "Op", "PortGroup", "PrecisionGraph", "PrecisionUnit", "Tensor", "produced_dtype_role",
+    "Op", "PortGroup", "PrecisionGraph", "Tensor",
 ]

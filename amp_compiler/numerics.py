@@ -1,12 +1,15 @@
-"""Value checks both importers share: can a stored FP32 weight be held in FP16?
+"""Numeric facts both importers record, and the ranges of the low dtypes.
 
-DESIGN.md section 5: weights outside the FP16 range, or that would flush to zero,
-keep FP32 -- never clamp silently. The importers call ``low_unsafe_reason`` on each
-FP32 constant and store the answer in ``Tensor.low_unsafe``; the propagate pass keeps
-the ops reading such a constant in FP32.
+The importers only translate: for each float32 constant they record its raw statistics
+(``ValueStats``: largest finite magnitude, zeros, a histogram of binary exponents), with
+no policy. ``passes/numerics.py`` decides, for the target dtype (``RANGES``), what a low
+dtype cannot hold (docs/architecture.md, "Numerics").
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -15,28 +18,77 @@ FP16_TINY = 2.0 ** -24  # smallest FP16 subnormal: nonzero magnitudes below it f
 FP16_MIN_NORMAL = 2.0 ** -14  # below it FP16 values are subnormal: fewer than 11 significant bits
 
 
-def low_unsafe_reason(label: str, values: np.ndarray) -> str | None:
-    """Why ``values`` (float32) cannot be stored in FP16, or None; ``label`` names the weight."""
-    if values.size == 0:
-        return None
-    with np.errstate(invalid="ignore"):
-        big = max(abs(float(np.nanmin(values))), abs(float(np.nanmax(values))))
-    if big > FP16_MAX and np.isfinite(big):
-        return f"{label} has values beyond the FP16 range (max |w| = {big:.3g})"
-    below = np.count_nonzero(np.abs(values) < FP16_TINY)
-    if not below:
-        return None
-    zeros = np.count_nonzero(values == 0)
-    tiny, nonzero = below - zeros, values.size - zeros
-    if tiny and tiny * 100 >= nonzero:
-        return (f"{label}: {tiny} of {nonzero} nonzero values are below the "
-                f"smallest FP16 subnormal and would flush to zero")
-    return None
+@dataclass(frozen=True)
+class DtypeRange:
+    """What a low dtype holds: largest finite value, smallest subnormal, smallest normal, and
+    its explicit significand bits (the spacing near ``x`` is ``2 ** (floor(log2 x) - bits)``)."""
+
+    max: float
+    tiny: float
+    min_normal: float
+    bits: int
+
+    def spacing(self, x: float) -> float:
+        """Distance between neighbouring values of the dtype near ``x`` (normal range)."""
+        return 2.0 ** (int(np.floor(np.log2(abs(x)))) - self.bits)
 
 
-def scalar_low_unsafe(value: object) -> bool:
-    """A finite Python float beyond the FP16 range (an op argument such as a fill value)."""
-    return isinstance(value, float) and np.isfinite(value) and abs(value) > FP16_MAX
+RANGES = {
+    "float16": DtypeRange(FP16_MAX, FP16_TINY, FP16_MIN_NORMAL, 10),
+    "bfloat16": DtypeRange(3.3895313892515355e38, 2.0 ** -133, 2.0 ** -126, 7),  # FP32's exponent range
+}
+
+_EXPONENT_BINS = 256  # float32 biased exponents; bin 0 holds the (nonzero) subnormals
 
 
-__all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "FP16_TINY", "low_unsafe_reason", "scalar_low_unsafe"]
+@dataclass(frozen=True)
+class ValueStats:
+    """Raw statistics of a float32 tensor's values (NaN and inf are left out of ``max_abs``)."""
+
+    size: int
+    zeros: int
+    max_abs: float
+    exponents: tuple[int, ...]  # nonzero finite values per float32 biased exponent
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "ValueStats":
+        bits = np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32) & 0x7FFFFFFF
+        exponent = bits >> 23
+        finite = exponent != 255
+        nonzero_finite = bits[finite & (bits != 0)]
+        counts = np.bincount(nonzero_finite >> 23, minlength=_EXPONENT_BINS) if nonzero_finite.size else \
+            np.zeros(_EXPONENT_BINS, dtype=np.int64)
+        peak = float(np.max(bits[finite]).view(np.float32)) if finite.any() else 0.0
+        return cls(int(bits.size), int(np.count_nonzero(bits == 0)), peak, tuple(int(c) for c in counts))
+
+    @classmethod
+    def of_chunks(cls, chunks: Iterable[np.ndarray]) -> "ValueStats | None":
+        """Statistics of a tensor read chunk by chunk (external data is never loaded whole)."""
+        total = None
+        for chunk in chunks:
+            if chunk.size:
+                part = cls.of(chunk)
+                total = part if total is None else total.merge(part)
+        return total
+
+    def merge(self, other: "ValueStats") -> "ValueStats":
+        return ValueStats(self.size + other.size, self.zeros + other.zeros, max(self.max_abs, other.max_abs),
+                          tuple(a + b for a, b in zip(self.exponents, other.exponents)))
+
+    @property
+    def nonzero(self) -> int:
+        return sum(self.exponents)
+
+    def below(self, limit: float) -> int:
+        """Nonzero finite values whose magnitude is below ``limit`` (a power of two). FP32 subnormals
+        all count when ``limit`` lies among them (the histogram does not resolve them)."""
+        k = int(np.floor(np.log2(limit)))
+        return self.exponents[0] + sum(self.exponents[1:max(k + 127, 1)])
+
+
+def stats_of(values: np.ndarray) -> ValueStats | None:
+    """``ValueStats`` of a float array, or None when it is empty."""
+    return ValueStats.of(values) if values.size else None
+
+
+__all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "FP16_TINY", "RANGES", "DtypeRange", "ValueStats", "stats_of"]

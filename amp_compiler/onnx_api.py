@@ -14,6 +14,7 @@ from .onnx_io.emitter import emit
 from .onnx_io.files import load_model
 from .onnx_io.importer import import_model
 from .plan import make_context, run_passes
+from .plan_report import build_report
 from .report import Report
 
 
@@ -73,19 +74,23 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
-        _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype)
-    report = run_passes(imp.graph, ctx, source, dim_values)
+        _calibrate(model, imp.graph, calibration_inputs)
+    result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
-    return emit(imp), report
+    converted = emit(imp, result)
+    return converted, build_report(result)  # after emission: the report describes the emitted model
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
-    from .calibrate import activation_ranges, mark_ranges
+def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
+    """Record each activation's calibrated peak; the numerics pass judges it for the target dtype."""
+    from .calibrate import activation_ranges
     from .validate import random_inputs
 
     ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
-    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype)
+    for name, peak in ranges.items():
+        if name in graph.tensors:
+            graph.tensors[name].calibrated_peak = peak
 
 
 __all__ = ["ConversionError", "convert_onnx"]

@@ -1,4 +1,9 @@
-"""Run the pass pipeline on a ``PrecisionGraph``: the part both entry points share."""
+"""Run the pass pipeline on a ``PrecisionGraph``: the part both entry points share.
+
+``run_passes`` returns a typed ``PlanResult``; the caller emits the plan, then builds the
+report from the result with ``plan_report.build_report`` (so it counts the casts the
+emitter added too; docs/architecture.md, "The plan result").
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,10 @@ from typing import Callable, Iterable
 
 from cost_model import get_device
 from passes import PLANNERS, PassManager, PlanContext, default_passes
+from passes.result import PlanResult
 
 from .dtypes import normalize_low_dtype
 from .ir import PrecisionGraph
-from .plan_report import build_report
-from .report import Report
 
 
 def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "optimal",
@@ -31,9 +35,9 @@ def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "o
 
 
 def run_passes(graph: PrecisionGraph, ctx: PlanContext, source: str,
-               dim_values: dict[str, int] | None = None) -> Report:
-    """classify -> propagate -> convert -> casts -> align; returns the per-op report."""
+               dim_values: dict[str, int] | None = None) -> PlanResult:
+    """classify -> numerics -> propagate -> convert -> casts -> align; returns the typed result."""
     graph.set_dim_sizes(ctx.default_dim, dim_values)
     manager = PassManager(default_passes())
     graph = manager.run(graph, ctx)
-    return build_report(graph, ctx, manager.records, source)
+    return PlanResult.collect(graph, ctx, source, manager.records, manager.outputs)

@@ -1,12 +1,14 @@
-"""Build the per-op precision report (schema 1.0) from a planned ``PrecisionGraph``.
+"""Build the per-op precision report (schema 1.0) from a ``PlanResult``, after emission.
 
-Shared by the ONNX and FX paths: both hand over the graph after the passes, the
-pass records and the options; ``amp_compiler.report.Report`` renders the result.
+Shared by the ONNX and FX paths: both emit the plan first (an emitter routes every cast
+it adds through the IR), then hand over the result, so the report counts the casts the
+emitted graph holds. The summary built here is the report's one derivation of its totals;
+``amp_compiler.report.Report`` renders it (docs/architecture.md, "Report").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .dtypes import FLOAT32, LOW_PRECISION, is_float
@@ -14,10 +16,13 @@ from .ir import PrecisionGraph
 from .registry import UNKNOWN
 from .report import SCHEMA_VERSION, Report
 
+if TYPE_CHECKING:
+    from passes.result import PlanResult
 
-def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) -> Report:
-    timer = graph.meta.get("timer")
-    pred = graph.meta.get("prediction", {})
+
+def build_report(result: PlanResult) -> Report:
+    """The schema-1.0 report of ``result`` (call it after the emitter ran)."""
+    graph, ctx, timer, pred = result.graph, result.ctx, result.timer, result.prediction
     default_dim = graph.default_dim()
     casts_caused: dict[str, int] = {}
     casts: list[dict[str, Any]] = []
@@ -33,7 +38,8 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
         for c in consumers:
             casts_caused[c] = casts_caused.get(c, 0) + 1
         casts.append({"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype, "bytes": nbytes,
-                      "reason": _cast_reason(graph, op, consumers) if op.inserted else "cast in the source model",
+                      "reason": (op.reason if op.name in result.emitter_casts else
+                                 _cast_reason(graph, op, consumers) if op.inserted else "cast in the source model"),
                       "inserted": op.inserted})
     ops = []
     gemm_flops = low_gemm_flops = 0.0
@@ -60,9 +66,7 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
             **({"scope": op.scope} if op.scope else {}),
         })
     n_low = sum(1 for o in ops if o["precision"] in LOW_PRECISION)
-    fp32_t = pred.get("predicted_time_fp32_s", 0.0)
-    mixed_t = pred.get("predicted_time_mixed_s", 0.0)
-    all_low_t = pred.get("predicted_time_all_low_s", 0.0)
+    fp32_t, mixed_t, all_low_t = pred.fp32_s, pred.mixed_s, pred.all_low_s
     summary = {
         "nodes": len(ops), "fp16_nodes": n_low, "fp32_nodes": sum(1 for o in ops if o["precision"] == FLOAT32),
         "casts": len(casts), "inserted_casts": sum(1 for c in casts if c["inserted"]),
@@ -80,12 +84,12 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
     data = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "amp-compiler", "version": __version__},
-        "source": source,
+        "source": result.source,
         "summary": summary,
         "ops": ops,
         "casts": casts,
-        "passes": [r.to_dict() for r in records],
-        "alignment": list(ctx.alignment),
+        "passes": [r.to_dict() for r in result.records],
+        "alignment": [f.to_dict() for f in result.alignment],
     }
     return Report(data)
 

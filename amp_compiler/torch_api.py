@@ -29,6 +29,7 @@ from .fx_io.capture import export_graph
 from .fx_io.emitter import FOLDED_ATTR, emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .plan import make_context, run_passes
+from .plan_report import build_report
 
 BACKENDS = (None, "inductor")
 
@@ -95,10 +96,11 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     source = type(model).__name__
     gm = export_graph(model, tuple(args), example_kwargs, source=source, dynamic_shapes=dynamic_shapes)
-    imp = import_graph_module(gm, source=source, training=training, low_dtype=low, default_dim=default_dim)
+    imp = import_graph_module(gm, source=source, training=training, default_dim=default_dim)
     ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
-    report = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp)
+    result = run_passes(imp.graph, ctx, source, imp.dim_values)
+    emit(imp, result)
+    report = build_report(result)  # after emission: counts the casts the emitter added
     _pin_mode(gm, model.training, source)
     gm.report = report
     hook = _RefreshFolded(gm)

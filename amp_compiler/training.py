@@ -193,6 +193,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     from .fx_io.emitter import emit
     from .fx_io.importer import WeightSpec, import_graph_module
     from .plan import make_context, run_passes
+    from .plan_report import build_report
 
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
@@ -209,15 +210,16 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     params = dict(model.named_parameters())
     weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
                for i, name in enumerate(layout.param_names)}
-    imp = import_graph_module(gm, source=source, training=True, weights=weights, low_dtype=low)
+    imp = import_graph_module(gm, source=source, training=True, weights=weights)
     for op in imp.graph.ops.values():
         if op.canonical == "unscale_marker":
             for out in op.outputs:
                 imp.graph.tensors[out].unscale_marker = True
     ctx = make_context(target=target, dtype=low, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                        training=True, deny_propagation=deny_propagation)
-    report = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp)
+    result = run_passes(imp.graph, ctx, source, imp.dim_values)
+    emit(imp, result)
+    report = build_report(result)  # after emission: counts the casts the emitter added
     runner = torch.compile(gm, backend="inductor") if backend == "inductor" else gm
     step = TrainStep(model, optimizer, runner, layout, opt, config, state, report)
     step.graph_module = gm

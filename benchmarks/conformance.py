@@ -362,6 +362,9 @@ DENY_NUMERICS, UNKNOWN_OP, SCHEMA_NO_FP16, NO_KERNEL = ("deny (numerics)", "unkn
 CONSTANT_RANGE, SOURCE_NOT_FP32, NO_FLOAT_COMPUTE = ("constant out of FP16 range", "source not FP32",
                                                      "no float compute (reads any dtype)")
 ALREADY_LOW = "already FP16 in the source"
+NUMERICS_RULE = "numerics rule (trig argument, reduction-eps chain)"
+#: phrases of the numerics pass's chain rules (passes/numerics_chains.py)
+_NUMERICS_PHRASES = ("of an unbounded argument", "computes the argument of", "of a reduction plus eps")
 
 
 def _category(reason: str) -> str:
@@ -376,6 +379,8 @@ def _category(reason: str) -> str:
         return NO_KERNEL
     if "rather than clamped" in reason:
         return CONSTANT_RANGE
+    if any(phrase in reason for phrase in _NUMERICS_PHRASES):
+        return NUMERICS_RULE
     if "keeps its source dtype" in reason:
         return SOURCE_NOT_FP32
     if "no float data" in reason:

@@ -108,7 +108,7 @@ def run(sizes: list[int], repeat: int, log) -> list[dict[str, Any]]:
     return rows
 
 
-STAGE_ORDER = ("copy", "import", "classify", "propagate", "convert", "casts", "align", "emit")
+STAGE_ORDER = ("copy", "import", "classify", "numerics", "propagate", "convert", "casts", "align", "emit")
 
 
 def render(data: dict[str, Any]) -> str:

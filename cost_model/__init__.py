@@ -1,4 +1,9 @@
-"""Cost model for amp-compiler: device specs, a roofline op-time model and measured profiles."""
+"""Cost model for amp-compiler: device specs, a roofline op-time model and measured profiles.
+
+The submodules ``flops`` (FLOP formulas, the alignment rule), ``traffic`` (bytes moved) and
+``timer`` (``OpTimer``: the per-op costs every consumer reads) are imported on demand; none
+of them needs ``amp_compiler`` at import time (docs/architecture.md, "Cost model").
+"""
 
 from .devices import DEFAULT_DEVICE, DEVICES, DeviceSpec, get_device
 from .dtypes import canonical_dtype, itemsize

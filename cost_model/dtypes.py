@@ -1,24 +1,39 @@
-"""Dtype names and sizes shared by the cost model."""
+"""The one dtype table: canonical names, aliases and bytes per element.
+
+Used by the cost model, the IR (``amp_compiler.ir``) and the passes alike, so a tensor's
+size is computed one way everywhere. ``itemsize`` raises ``ValueError`` for a name it
+does not know unless the caller passes ``default`` (the IR does: a tensor whose dtype the
+source model leaves unknown is sized as 4 bytes per element, a conservative guess).
+"""
 
 from __future__ import annotations
 
-__all__ = ["itemsize", "canonical_dtype", "DTYPE_ALIASES"]
+__all__ = ["DTYPE_ALIASES", "UNKNOWN_ITEMSIZE", "canonical_dtype", "itemsize"]
 
-# alias -> canonical name
+#: canonical name -> bytes per element
+_SIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "complex64": 8, "complex128": 16, "string": 8,
+    "float8e4m3fn": 1, "float8e5m2": 1, "float8e4m3fnuz": 1, "float8e5m2fnuz": 1,
+    "int4": 1, "uint4": 1,
+}
+
+#: alias -> canonical name (every canonical name is its own alias)
 DTYPE_ALIASES: dict[str, str] = {
-    "float32": "float32", "fp32": "float32", "float": "float32", "f32": "float32",
-    "float16": "float16", "fp16": "float16", "half": "float16", "f16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float64": "float64", "fp64": "float64", "double": "float64", "f64": "float64",
-    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "bool": "bool",
+    **{name: name for name in _SIZES},
+    "fp32": "float32", "float": "float32", "f32": "float32",
+    "fp16": "float16", "half": "float16", "f16": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64", "double": "float64", "f64": "float64",
 }
 
-_ITEMSIZE: dict[str, int] = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
-    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1,
-}
-_ITEMSIZE.update({alias: _ITEMSIZE[canon] for alias, canon in DTYPE_ALIASES.items()})
+#: the size the IR assumes for a tensor of unknown dtype
+UNKNOWN_ITEMSIZE = 4
+
+_ITEMSIZE: dict[str, int] = {alias: _SIZES[canon] for alias, canon in DTYPE_ALIASES.items()}
+_MISSING = object()
 
 
 def canonical_dtype(dtype: str) -> str:
@@ -31,10 +46,12 @@ def canonical_dtype(dtype: str) -> str:
         ) from None
 
 
-def itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (aliases accepted); ValueError if unknown."""
-    try:
-        return _ITEMSIZE[dtype]
-    except (KeyError, TypeError):
-        canonical_dtype(dtype)  # raises the descriptive error
-        raise
+def itemsize(dtype: str | None, default: int | object = _MISSING) -> int:
+    """Bytes per element of ``dtype`` (aliases accepted); ``default`` for an unknown one, else ValueError."""
+    size = _ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+    if size is not None:
+        return size
+    if default is not _MISSING:
+        return default  # type: ignore[return-value]
+    canonical_dtype(dtype)  # raises the descriptive error
+    raise AssertionError("unreachable")

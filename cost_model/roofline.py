@@ -12,7 +12,7 @@ from .devices import DeviceSpec, get_device
 from .dtypes import DTYPE_ALIASES, canonical_dtype, itemsize
 from .measured import MeasuredProfile
 
-__all__ = ["Roofline", "itemsize", "tensor_core_aligned"]
+__all__ = ["Roofline", "alignment_multiple", "itemsize", "tensor_core_aligned"]
 
 _TERA = 1e12
 _GIGA = 1e9
@@ -22,10 +22,15 @@ _GIGA = 1e9
 _TC_ALIGN_ELEMS = {"float16": 8, "bfloat16": 8, "float32": 4, "int8": 16, "uint8": 16}
 
 
+def alignment_multiple(dtype: str) -> int | None:
+    """Tensor-core granularity in elements for ``dtype`` (8 for FP16/BF16, 4 for TF32, 16 for INT8), or None."""
+    return _TC_ALIGN_ELEMS.get(canonical_dtype(dtype))
+
+
 def tensor_core_aligned(dtype: str, *dims: int) -> bool:
-    """True if every dim is a multiple of the tensor-core granularity for ``dtype``
-    (8 for FP16/BF16, 4 for TF32, 16 for INT8); False for dtypes without tensor cores."""
-    mult = _TC_ALIGN_ELEMS.get(canonical_dtype(dtype))
+    """True if every dim is a multiple of the tensor-core granularity for ``dtype``; False for dtypes
+    without tensor cores."""
+    mult = alignment_multiple(dtype)
     return mult is not None and all(int(d) % mult == 0 for d in dims)
 
 

@@ -5,15 +5,17 @@ from .base import PLANNERS, Pass, PassError, PassManager, PassRecord, PassResult
 from .casts import CastPass
 from .classify import ClassifyPass
 from .convert import ConvertPass
+from .numerics import NumericsPass
 from .propagate import PropagatePass
+from .result import PlanResult
 
 
 def default_passes() -> list[Pass]:
-    """classify -> propagate -> convert -> casts -> align (DESIGN.md section 3)."""
-    return [ClassifyPass(), PropagatePass(), ConvertPass(), CastPass(), AlignPass()]
+    """classify -> numerics -> propagate -> convert -> casts -> align (docs/architecture.md, "Passes")."""
+    return [ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), CastPass(), AlignPass()]
 
 
 __all__ = [
-    "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError", "PassManager",
-    "PassRecord", "PassResult", "PlanContext", "PropagatePass", "default_passes",
+    "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError", "NumericsPass",
+    "PassManager", "PassRecord", "PassResult", "PlanContext", "PlanResult", "PropagatePass", "default_passes",
 ]

@@ -1,16 +1,19 @@
 """The pass contract and the pass manager (in the style of onnx-ir's passes).
 
 A pass is a small object with a ``name`` and ``call(graph, ctx) -> PassResult``;
-``requires``/``ensures`` check invariants before and after. ``PassManager`` runs a
-sequence of passes and records, per pass, the time it took, whether it changed the
-graph and a one-line summary; the report shows these records.
+``requires``/``ensures`` check its contract before and after (a broken one raises
+``PassError``). A pass hands what it computed to later stages only through its
+result's typed ``output`` (never through ``graph.meta`` or the options), and reports
+``modified`` as computed, not assumed. ``PassManager`` runs a sequence of passes and
+records, per pass, the time it took, whether it changed the graph and a one-line
+summary; ``passes.result.PlanResult`` collects the outputs (docs/architecture.md, "Passes").
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from amp_compiler.ir import PrecisionGraph
 
@@ -20,6 +23,8 @@ class PassResult:
     graph: PrecisionGraph
     modified: bool
     details: str = ""
+    #: the pass's typed product for later stages (``passes.result``), or None
+    output: Any = None
 
 
 @dataclass
@@ -58,6 +63,19 @@ class PassError(RuntimeError):
     """A pass found the graph in a state it cannot handle (a bug, not bad user input)."""
 
 
+def check(pass_name: str, stage: str, bad: Iterable[str], what: str) -> None:
+    """Raise ``PassError`` naming up to three offenders when ``bad`` is not empty."""
+    bad = list(bad)
+    if bad:
+        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise PassError(f"{pass_name}: {stage} violated: {what} ({names})")
+
+
+def snapshot(graph: PrecisionGraph, *fields: str) -> list[tuple]:
+    """The listed attributes of every op, to compare before/after and report ``modified`` honestly."""
+    return [tuple(getattr(op, f) for f in fields) for op in graph.ops.values()]
+
+
 #: planner names: ``optimal`` (min-cut over op and cast costs), ``greedy`` (TF-style painter),
 #: ``all`` (every op that may legally and safely take the low dtype does, whatever the cost)
 PLANNERS = ("optimal", "greedy", "all")
@@ -81,7 +99,7 @@ class PlanContext:
     profile: Any = None  # cost_model.MeasuredProfile or None
     registry: Any = None  # amp_compiler.registry.Registry; None = the default
     progress: Callable[[str], None] | None = None
-    alignment: list[dict[str, Any]] = field(default_factory=list)  # filled by AlignPass
+    calibration_margin: float = 2.0  # calibrated peaks above low-dtype max / margin stay FP32
 
 
 class PassManager:
@@ -90,6 +108,7 @@ class PassManager:
     def __init__(self, passes: list[Pass]) -> None:
         self.passes = passes
         self.records: list[PassRecord] = []
+        self.outputs: list[Any] = []  # each pass's typed output, in pipeline order (None entries dropped)
 
     def run(self, graph: PrecisionGraph, ctx: PlanContext) -> PrecisionGraph:
         for p in self.passes:
@@ -99,4 +118,6 @@ class PassManager:
             result = p(graph, ctx)
             graph = result.graph
             self.records.append(PassRecord(p.name, time.perf_counter() - start, result.modified, result.details))
+            if result.output is not None:
+                self.outputs.append(result.output)
         return graph

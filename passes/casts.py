@@ -28,11 +28,15 @@ from __future__ import annotations
 from amp_compiler.dtypes import FLOAT_DTYPES, is_float, itemsize, short
 from amp_compiler.ir import ANY, CONSTANT, FIXED, OTHER, UNIT, Op, PrecisionGraph, Tensor
 
-from .base import Pass, PassResult, PlanContext
+from .base import Pass, PassResult, PlanContext, check
+from .result import CastChanges
 
 
 class CastPass(Pass):
     name = "casts"
+
+    def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "ensures", _mismatched_unit_ports(graph), "every op's unit ports carry its precision")
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         original = {name: t.dtype for name, t in graph.tensors.items()}
@@ -40,9 +44,22 @@ class CastPass(Pass):
         _retype_free_inputs(graph, ctx, original)
         inserted, folded = _insert_casts(graph, ctx, original)
         removed = _eliminate_casts(graph)
-        graph.meta["original_dtypes"] = original
+        retyped = any(t.dtype != original.get(name) for name, t in graph.tensors.items())
         details = f"{inserted} casts inserted, {folded} constants folded, {removed} casts removed"
-        return PassResult(graph, bool(inserted or folded or removed), details)
+        return PassResult(graph, bool(inserted or folded or removed or retyped), details,
+                          CastChanges(original, inserted, folded, removed))
+
+
+def _mismatched_unit_ports(graph: PrecisionGraph):
+    """``op.name/port`` of each float unit port whose tensor's dtype is not the op's precision."""
+    for op in graph.ops.values():
+        if op.precision is None:
+            continue
+        for kind, names, roles in (("in", op.inputs, op.input_roles), ("out", op.outputs, op.output_roles)):
+            for port, (name, role) in enumerate(zip(names, roles)):
+                if name and role == UNIT and is_float(graph.tensors[name].dtype) \
+                        and graph.tensors[name].dtype != op.precision:
+                    yield f"{op.name} {kind}[{port}]"
 
 
 def _retype_outputs(graph: PrecisionGraph) -> None:

@@ -13,6 +13,8 @@ Rewrite cases:
    with a type parameter of its own, accepts ``any`` float dtype; a
    port whose schema type is one concrete dtype, or whose group cannot take both FP32
    and the low dtype, is ``fixed``; non-float ports are ``other``.
+   An op the registry does not know but the user allows (``--allow MyOp``) is planned
+   like a known op: its float ports form units (not ``fixed``, which left it "no float data").
 4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``; registry
    ``unit_inputs`` (RMSNormalization's X, whose type inference follows Y) become ``unit``.
 5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
@@ -32,16 +34,23 @@ from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, UNKNOWN, OpDef
 
-from .base import Pass, PassResult, PlanContext
+from .base import Pass, PassResult, PlanContext, check, snapshot
 
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
+_DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", "forbid_low", "source_dtype")
 
 
 class ClassifyPass(Pass):
     name = "classify"
 
+    def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "ensures", (op.name for op in graph.ops.values() if not op.inserted and (
+            op.op_class is None or len(op.input_roles) != len(op.inputs)
+            or len(op.output_roles) != len(op.outputs))), "every op has a class and a role per port")
+
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         registry = ctx.registry or DEFAULT_REGISTRY
+        before = snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
         for op in graph.ops.values():
             if op.inserted:
@@ -52,7 +61,7 @@ class ClassifyPass(Pass):
             _assign_roles(graph, op, row, ctx)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
         details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts))
-        return PassResult(graph, True, details)
+        return PassResult(graph, snapshot(graph, *_DECIDES) != before, details)
 
 
 def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
@@ -74,6 +83,7 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
 
 
 def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext) -> None:
+    known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
     def dtype_in(port: int) -> str | None:
         name = op.inputs[port] if port < len(op.inputs) else ""
         return graph.tensors[name].dtype if name else None
@@ -92,7 +102,7 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
         if not floats_in and not floats_out:
             continue
         can_switch = FLOAT32 in group.allowed and ctx.low_dtype in group.allowed
-        if control_flow or group.fixed_type or row is None:
+        if control_flow or group.fixed_type or not known:
             role = FIXED
         elif not group.outputs and len(group.inputs) == 1 and not group.binds_output:
             role = ANY if can_switch else FIXED
@@ -106,7 +116,7 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
             out_roles[o] = role
     if not op.port_groups:
         # No schema (e.g. com.microsoft ops): float ports of a known op share one unit.
-        default = UNIT if row is not None and not control_flow else FIXED
+        default = UNIT if known and not control_flow else FIXED
         in_roles = [default if dtype_in(i) in _CONVERTIBLE else OTHER for i in range(len(op.inputs))]
         out_roles = [default if dtype_out(o) in _CONVERTIBLE else OTHER for o in range(len(op.outputs))]
     if row is not None:  # registry FP32-only ports, and inputs the schema's inference ties to the output

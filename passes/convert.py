@@ -31,11 +31,12 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from amp_compiler.dtypes import FLOAT32, short
-from amp_compiler.ir import UNIT, PrecisionGraph, PrecisionUnit
+from amp_compiler.ir import UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR
 
-from .base import PLANNERS, Pass, PassResult, PlanContext
+from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
+from .result import Costs, Prediction
 
 _SOURCE, _SINK = 0, 1
 
@@ -43,7 +44,12 @@ _SOURCE, _SINK = 0, 1
 class ConvertPass(Pass):
     name = "convert"
 
+    def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "ensures", (op.name for op in graph.ops.values() if op.eligible and op.precision is None),
+              "every eligible op has a precision")
+
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        before = snapshot(graph, "precision", "reason")
         timer = OpTimer(graph, ctx)
         energy = build_energy(graph, ctx, timer)
         if ctx.planner == "greedy":
@@ -57,17 +63,11 @@ class ConvertPass(Pass):
         _apply(graph, ctx, energy, plan)
         mixed, n_casts, cast_s = energy.total(plan)
         all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
-        graph.meta["prediction"] = {
-            "predicted_time_fp32_s": all_fp32,
-            "predicted_time_mixed_s": mixed,
-            "predicted_time_all_low_s": predict_all_low(graph, ctx, timer),
-            "predicted_casts": n_casts,
-            "predicted_cast_time_s": cast_s,
-        }
-        graph.meta["timer"] = timer
+        prediction = Prediction(all_fp32, mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
         n_low = sum(plan.values())
-        return PassResult(graph, True, f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
-                                       f"({ctx.planner}), {n_casts} casts planned")
+        return PassResult(graph, snapshot(graph, "precision", "reason") != before,
+                          f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
+                          f"({ctx.planner}), {n_casts} casts planned", Costs(prediction, timer))
 
 
 def solve_mincut(energy: PlanEnergy) -> dict[int, int]:
@@ -195,7 +195,6 @@ def _fmt_us(seconds: float) -> str:
 
 def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int]) -> None:
     low = ctx.low_dtype
-    graph.units = {}
     for u, names in energy.unit_ops.items():
         precision = low if plan[u] else FLOAT32
         t32, tlow = energy.time_fp32[u], energy.time_low[u]
@@ -213,7 +212,6 @@ def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: di
                    f"of compute but add {_fmt_us(d_cast)} of casts" if d_cast > 0 else
                    f"kept FP32 by the cost model: {_fmt_us(t32)} in fp32 vs {_fmt_us(tlow)} in {short(low)}")
         reason = f"{op.op_class}: {why}"
-        graph.units[u] = PrecisionUnit(u, list(names), precision, reason, t32, tlow)
         for name in names:
             graph.ops[name].precision = precision
             graph.ops[name].reason = reason

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amp_compiler.dtypes import FLOAT32, is_float, itemsize
-from amp_compiler.flops import alignment_dims, op_flops
-from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, Op, PrecisionGraph, Tensor
-from amp_compiler.registry import DEFAULT_REGISTRY
-from cost_model import Roofline
+from amp_compiler.dtypes import FLOAT32, is_float
+from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, PrecisionGraph, Tensor
+from cost_model.timer import OpTimer
 
 from .base import PlanContext
+
+__all__ = ["Endpoint", "OpTimer", "PlanEnergy", "TensorTerm", "build_energy"]  # OpTimer: from cost_model.timer
 
 #: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
 Endpoint = tuple[str, int | None]
@@ -36,14 +36,12 @@ class TensorTerm:
 class PlanEnergy:
     """Unary times per unit and cast terms per tensor; see module docstring."""
 
-    low: str
     unit_ops: dict[int, list[str]]
     time_fp32: dict[int, float]
     time_low: dict[int, float]
     fixed_time: float  # ops outside the eligible region, at their fixed precision
     terms: list[TensorTerm]
     by_unit: dict[int, list[int]] = field(default_factory=dict)  # unit -> indices of terms touching it
-    forbidden_low: set[int] = field(default_factory=set)  # units that may not go low (all-low ruler)
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -81,75 +79,11 @@ class PlanEnergy:
         return d_op, after - before
 
 
-class OpTimer:
-    """Predicted time of one op in a given precision (roofline or measured profile)."""
-
-    def __init__(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        self.graph = graph
-        self.roofline = Roofline(ctx.target, ctx.profile)
-        self.registry = ctx.registry or DEFAULT_REGISTRY
-        self._flops: dict[str, float] = {}
-        self._times: dict[tuple[str, str], float] = {}
-
-    def flops(self, op: Op) -> float:
-        cached = self._flops.get(op.name)
-        if cached is None:
-            row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
-            cached = op_flops(op, self.graph, row.flops, row.flops_per_element) if row else 0.0
-            self._flops[op.name] = cached
-        return cached
-
-    def bytes(self, op: Op, dtype: str) -> float:
-        row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
-        traffic = row.traffic if row else "all"
-        if traffic == "alias":
-            return 0.0
-        total = 0
-        for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
-            for name, role in zip(names, roles):
-                if name:
-                    t = self.graph.tensors[name]
-                    total += self.graph.nbytes(t, dtype if role == UNIT else t.dtype)
-        if traffic == "gather" and op.inputs and op.inputs[0] and op.outputs and op.outputs[0]:
-            table = self.graph.tensors[op.inputs[0]]
-            role = op.input_roles[0] if op.input_roles else None
-            table_dtype = dtype if role == UNIT else table.dtype
-            rows_read = min(self.graph.numel(table), self.graph.numel(self.graph.tensors[op.outputs[0]]))
-            total += (rows_read - self.graph.numel(table)) * itemsize(table_dtype)
-        return float(total)
-
-    def aligned(self, op: Op) -> bool:
-        return all(d % 8 == 0 for d in alignment_dims(op, self.graph).values())
-
-    def time(self, op: Op, dtype: str) -> float:
-        key = (op.name, dtype)
-        cached = self._times.get(key)
-        if cached is None:
-            cached = self._times[key] = self._time(op, dtype)
-        return cached
-
-    def _time(self, op: Op, dtype: str) -> float:
-        if op.canonical == "cast" and op.inserted:
-            t = self.graph.tensors[op.inputs[0]]
-            return self.roofline.cast_time(self.graph.numel(t), t.dtype or FLOAT32, dtype)
-        return self.roofline.op_time(
-            flops=self.flops(op), bytes_moved=self.bytes(op, dtype), dtype=dtype,
-            tensor_core=op.tensor_core, aligned=self.aligned(op) if op.tensor_core else True,
-            key=self.profile_key(op) if self.roofline.profile is not None else None)
-
-    def profile_key(self, op: Op) -> str:
-        shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
-        return f"{op.canonical}[{shapes}]"
-
-    def cast_time(self, t: Tensor, low: str) -> float:
-        return self.roofline.cast_time(self.graph.numel(t), FLOAT32, low)
-
-
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
     units: dict[str, int] = {}
-    energy = PlanEnergy(low, {}, {}, {}, 0.0, [])
+    energy = PlanEnergy({}, {}, {}, 0.0, [])
     for op in graph.ops.values():
         if not op.has_unit_ports or op.inserted:
             continue

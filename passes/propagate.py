@@ -10,11 +10,13 @@ Rewrite cases:
    or double-round, and it is not what the user asked to lower.
 3. ``deny`` and ``unknown`` ops, ops without float data, ops whose schema forbids
    the low dtype (``forbid_low``), and ops that read a constant or read/write an
-   activation the low dtype cannot hold (``low_unsafe``, calibrated ``range_unsafe``)
+   activation the low dtype cannot hold (``low_unsafe``, set by the numerics pass)
    are ineligible.
 4. With ``ctx.deny_propagation`` (TF's rule), an infer op fed by a deny op through
    infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
-   way to an allow op is left to the cost model.
+   way to an allow op is left to the cost model. The walk stops at ops whose output is
+   bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``);
+   they stay candidates.
 5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -35,7 +37,8 @@ from amp_compiler.dtypes import FLOAT32
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
-from .base import Pass, PassResult, PlanContext
+from .base import Pass, PassResult, PlanContext, check, snapshot
+from .numerics_chains import BOUNDED
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
@@ -45,7 +48,12 @@ OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are plann
 class PropagatePass(Pass):
     name = "propagate"
 
+    def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
+              "every op has a class (run classify first)")
+
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        before = snapshot(graph, "eligible", "precision", "reason")
         after_unscale = _after_unscale(graph)
         candidates = []
         for op in graph.ops.values():
@@ -111,14 +119,15 @@ class PropagatePass(Pass):
         details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
         if after_unscale:
             details += f", {len(after_unscale)} after unscale markers"
-        return PassResult(graph, True, details)
+        return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
 
 
 def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str, tuple[str, str]]:
     """Infer ops fed by a deny op through infer/clear ops, and the clear ops between them (TF's rule).
 
     ``deny -> infer -> clear -> infer -> clear -> allow`` taints the two infer ops and the
-    clear op between them; the clear op in front of the allow op stays a candidate. Returns
+    clear op between them; the clear op in front of the allow op stays a candidate. The walk
+    passes through ops already FP32 for another rule (an add-eps the numerics pass kept). Returns
     each tainted op with the deny op behind it and the op that led there.
     """
     reached: dict[str, tuple[str, str]] = {}
@@ -130,18 +139,20 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str
             if not out or op.output_roles[port] != UNIT:
                 continue
             for cons, cport in graph.tensors[out].consumers:
-                if cons in candidates and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
+                passes_through = cons in candidates or graph.ops[cons].precision == FLOAT32  # FP32 for another rule
+                if passes_through and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
+                        and graph.ops[cons].canonical not in BOUNDED \
                         and graph.ops[cons].input_roles[cport] in (UNIT, ANY):
                     reached[cons] = (source, name)
                     queue.append((cons, source))
-    tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER}
+    tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER and n in candidates}
     # a clear op stays tainted only on the way to a tainted infer op
     stack = list(tainted)
     while stack:
         op = graph.ops[stack.pop()]
         for port, inp in enumerate(op.inputs):
             prod = graph.tensors[inp].producer if inp else None
-            if prod in reached and prod not in tainted and graph.ops[prod].op_class == CLEAR:
+            if prod in reached and prod not in tainted and graph.ops[prod].op_class == CLEAR and prod in candidates:
                 tainted[prod] = reached[prod]
                 stack.append(prod)
     return tainted
@@ -152,13 +163,13 @@ def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
     for port, name in enumerate(op.inputs):
         if name and op.input_roles[port] == UNIT:
             t = graph.tensors[name]
-            if t.low_unsafe or t.range_unsafe:
-                return t.low_unsafe or t.range_unsafe
+            if t.low_unsafe:
+                return t.low_unsafe
     for port, name in enumerate(op.outputs):  # a Constant node whose value FP16 cannot hold, say
         if name and op.output_roles[port] == UNIT:
             t = graph.tensors[name]
-            if t.low_unsafe or t.range_unsafe:
-                return t.low_unsafe or t.range_unsafe
+            if t.low_unsafe:
+                return t.low_unsafe
     return None
 
 

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler.onnx_io.importer import import_model
 from amp_compiler.plan import make_context, run_passes
+from amp_compiler.plan_report import build_report
 
 RNG = np.random.default_rng(0)
 
@@ -30,10 +31,15 @@ def fin(name: str, *shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
 
 def plan(m: onnx.ModelProto, **options):
     """Import and run the passes; returns (graph, report)."""
+    result = plan_result(m, **options)
+    return result.graph, build_report(result)
+
+
+def plan_result(m: onnx.ModelProto, **options):
+    """Import and run the passes; returns the ``PlanResult``."""
     dims = options.pop("dim_values", None)
     imp = import_model(m, default_dim=options.get("default_dim", 8))
-    report = run_passes(imp.graph, make_context(**options), "test", dims)
-    return imp.graph, report
+    return run_passes(imp.graph, make_context(**options), "test", dims)
 
 
 def run(m: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -56,3 +62,61 @@ def elem_type(m: onnx.ModelProto, name: str) -> int:
         if vi.name == name:
             return vi.type.tensor_type.elem_type
     raise KeyError(name)
+
+
+class IRBuilder:
+    """Hand-built IR for pass unit tests: no ONNX, no ONNX Runtime.
+
+    Ops are named by ONNX op type (the registry gives the canonical op); with no port
+    groups, classify gives every float port of a known op one ``unit`` role.
+    """
+
+    def __init__(self, shape: tuple = (256, 256)) -> None:
+        from amp_compiler.ir import PrecisionGraph
+
+        self.graph = PrecisionGraph("ir")
+        self.shape = shape
+        self.graph.set_dim_sizes(8)
+
+    def input(self, name: str, dtype: str = "float32", shape: tuple | None = None) -> str:
+        from amp_compiler.ir import GRAPH_INPUT, Tensor
+
+        self.graph.add_tensor(Tensor(name, dtype, shape or self.shape, GRAPH_INPUT))
+        self.graph.inputs.append(name)
+        return name
+
+    def const(self, name: str, values, kind: str = "constant") -> str:
+        from amp_compiler.ir import Tensor
+        from amp_compiler.numerics import stats_of
+
+        arr = np.asarray(values, dtype=np.float32)
+        t = self.graph.add_tensor(Tensor(name, "float32", arr.shape, kind))
+        t.stats = stats_of(arr)
+        return name
+
+    def op(self, op_type: str, inputs: list[str], name: str | None = None, dtype: str | None = None,
+           shape: tuple | None = None, scalars: tuple = (), n_out: int = 1) -> str:
+        """Add an op; returns its (first) output's name, ``<name>_out``."""
+        from amp_compiler.ir import Op, Tensor
+        from amp_compiler.registry import DEFAULT_REGISTRY
+
+        name = name or f"{op_type.lower()}{len(self.graph.ops)}"
+        first = self.graph.tensors[inputs[0]] if inputs else None
+        dtype = dtype or (first.dtype if first is not None else "float32")
+        outs = [f"{name}_out" if k == 0 else f"{name}_out{k}" for k in range(n_out)]
+        for out in outs:
+            self.graph.add_tensor(Tensor(out, dtype, shape or (first.shape if first is not None else self.shape)))
+        row = DEFAULT_REGISTRY.lookup_onnx("", op_type)
+        self.graph.add_op(Op(name, op_type, list(inputs), outs, canonical=row.canonical if row else None,
+                             scalars=tuple(scalars)))
+        return outs[0]
+
+    def output(self, *names: str) -> None:
+        for n in names:
+            self.graph.tensors[n].is_graph_output = True
+            self.graph.outputs.append(n)
+
+    def run(self, *passes, **options):
+        """Run ``passes`` (instances) in order with ``make_context(**options)``; returns their results."""
+        ctx = make_context(**options)
+        return [p(self.graph, ctx) for p in passes]

@@ -19,8 +19,9 @@ Rewrite cases:
    ``copy_`` overwrites (torch.export's decomposed training graphs fail backward otherwise).
 7. The graph is checked by propagating fake tensors: a kernel whose output dtype differs
    from the plan's (e.g. CPU ``native_layer_norm`` returns FP16 statistics for an FP16
-   input) gets a cast to the planned dtype in front of its readers; a dtype error raised
-   by a kernel is reported as a ``ConversionError`` naming the op.
+   input) gets a cast to the planned dtype in front of its readers, added to the IR too
+   (``PlanResult.emitter_casts``), so the report built afterwards counts it; a dtype error
+   raised by a kernel is reported as a ``ConversionError`` naming the op.
 
 Then ``lint()`` and ``recompile()``.
 """
@@ -28,6 +29,7 @@ Then ``lint()`` and ``recompile()``.
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -35,19 +37,24 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from ..dtypes import short
 from ..errors import ConversionError
+from ..ir import ANY, FIXED, Op, PrecisionGraph, Tensor
 from ..registry import DEFAULT_REGISTRY
 from .dtypes import dtype_to_torch
 from .importer import FxImport
 from .schemas import writes_arguments
 from .weights import FoldedWeights
 
+if TYPE_CHECKING:
+    from passes.result import PlanResult
+
 FOLDED_ATTR = "_amp_folded"
 _WEIGHT_OPS = ("placeholder", "get_attr")
 
 
-def emit(imp: FxImport, *, check: bool = True) -> FoldedWeights:
-    """Rewrite ``imp.gm`` in place; returns the container of folded weights (maybe empty)."""
+def emit(imp: FxImport, result: PlanResult, *, check: bool = True) -> FoldedWeights:
+    """Apply ``result``'s plan onto ``imp.gm`` in place; returns the container of folded weights (maybe empty)."""
     gm, graph, g = imp.gm, imp.graph, imp.gm.graph
     folded = getattr(gm, FOLDED_ATTR, None)
     if not isinstance(folded, FoldedWeights):
@@ -123,7 +130,7 @@ def emit(imp: FxImport, *, check: bool = True) -> FoldedWeights:
     if imp.training:
         _clone_written(g, first_compute)  # 6
     if check:
-        check_dtypes(imp, value)  # 7
+        check_dtypes(imp, value, result.emitter_casts)  # 7
     g.lint()
     gm.recompile()
     return folded
@@ -179,8 +186,11 @@ def _clone_written(g: fx.Graph, first_compute: fx.Node) -> None:
             r.replace_input_with(node, clone)
 
 
-def check_dtypes(imp: FxImport, value: dict[str, fx.Node]) -> None:
-    """Propagate fake tensors; cast kernel outputs whose dtype differs from the plan (case 7)."""
+def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> None:
+    """Propagate fake tensors; cast kernel outputs whose dtype differs from the plan (case 7).
+
+    Each cast is made in the IR as well and its op name appended to ``added``.
+    """
     gm, graph = imp.gm, imp.graph
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     vals = [n.meta.get("val", n.meta.get("example_value")) for n in placeholders]
@@ -207,12 +217,31 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node]) -> None:
         users = [u for u in node.users]
         if not users:
             continue
+        added.append(_ir_cast(graph, t, str(val.dtype)[6:]))
         with g.inserting_after(node):
             cast = g.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": dtype_to_torch(t.dtype)})
         cast.meta["amp_inserted"] = True
         cast.meta["val"] = val.to(dtype_to_torch(t.dtype))
         for u in users:
             u.replace_input_with(node, cast)
+
+
+def _ir_cast(graph: PrecisionGraph, t: Tensor, actual: str) -> str:
+    """Record in the IR that ``t``'s producer writes ``actual`` and a cast makes the planned dtype."""
+    if t.producer is None:
+        raise ConversionError(graph.name, f"tensor {t.name}", f"is {actual} at run time, not {t.dtype} (emitter bug)")
+    producer = graph.ops[t.producer]
+    real = graph.add_tensor(Tensor(graph.fresh_name(f"{t.name}_{short(actual)}"), actual, t.shape, scope=t.scope))
+    producer.outputs[t.producer_port] = real.name
+    real.producer, real.producer_port = producer.name, t.producer_port
+    t.producer = None
+    cast = Op(graph.fresh_name(f"{t.name}_cast_{short(t.dtype)}"), "aten._to_copy.default", [real.name], [t.name],
+              scope=t.scope, attrs={"to": t.dtype}, canonical="cast", op_class="clear", input_roles=[ANY],
+              output_roles=[FIXED], precision=t.dtype, inserted=True,
+              reason=f"the {producer.name} kernel returns {short(actual)} where the plan has {short(t.dtype)}: "
+                     f"cast added by the FX emitter")
+    graph.add_op(cast, index_after=producer.name)
+    return cast.name
 
 
 class _Prop(FakeTensorProp):

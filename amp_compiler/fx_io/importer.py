@@ -10,10 +10,9 @@ run-time op). ``operator.getitem`` on a multi-output op is not an op: it names o
 the op's output tensors. Nodes that only handle sizes (``sym_size``, guards) are left
 out of the IR and untouched by the emitter.
 
-Values FP16 cannot hold are flagged (``Tensor.low_unsafe``) on FP32 weights and on the
-outputs of ops with an out-of-range scalar argument (``full(..., -3.4e38)``, the usual
-attention-mask fill), and the flag follows the value through data movement and
-``VALUE_FLOW`` ops; the propagate pass keeps every op that reads a flagged value FP32.
+The importer only translates: FP32 weights get their raw ``ValueStats`` and each op its
+float scalar arguments (``full(..., -3.4e38)``, the usual attention-mask fill); the
+numerics pass (``passes/numerics.py``) judges both for the target dtype, as for ONNX.
 
 Op names are readable: the module path the op was traced in plus the aten op,
 ``encoder.layer.0.attention.self.query/aten.addmm``.
@@ -30,10 +29,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..dtypes import FLOAT16
 from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, PARAMETER, Op, PrecisionGraph, Tensor
-from ..numerics import low_unsafe_reason, scalar_low_unsafe
-from ..registry import CLEAR, DEFAULT_REGISTRY, Registry
+from ..numerics import stats_of
+from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import torch_to_dtype
 from .schemas import CAST_PACKETS, ir_order, is_pure_cast, packet_name, port_groups, writes_arguments
 
@@ -65,12 +63,12 @@ class FxImport:
 
 def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: bool = False,
                         weights: dict[str, WeightSpec] | None = None, registry: Registry | None = None,
-                        low_dtype: str = FLOAT16, default_dim: int = 8) -> FxImport:
+                        default_dim: int = 8) -> FxImport:
     """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers."""
     registry = registry or DEFAULT_REGISTRY
     weights = weights or {}
     graph = PrecisionGraph(source)
-    graph.meta.update(source=source, default_dim=default_dim)
+    graph.set_dim_sizes(default_dim)
     imp = FxImport(graph, gm, training=training)
     mutated = _written_nodes(gm)
     names: dict[fx.Node, str] = {}  # single-tensor nodes (incl. getitem) -> IR tensor
@@ -87,7 +85,7 @@ def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: 
             else:
                 real = spec.value if spec.value is not None else val
                 kind = _weight_kind(real, spec.is_parameter, training, node in mutated)
-                names[node] = _add_weight(imp, spec.fqn, real, kind, (node, None), spec.index, low_dtype)
+                names[node] = _add_weight(imp, spec.fqn, real, kind, (node, None), spec.index)
         elif node.op == "get_attr":
             value = _fetch(gm, node.target)
             if isinstance(value, torch.Tensor):
@@ -95,11 +93,11 @@ def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: 
                     names[node] = node.target
                     continue
                 kind = _weight_kind(value, isinstance(value, torch.nn.Parameter), training, node in mutated)
-                names[node] = _add_weight(imp, node.target, value, kind, (node, None), None, low_dtype)
+                names[node] = _add_weight(imp, node.target, value, kind, (node, None), None)
         elif node.op == "call_function":
             if node.target is operator.getitem:
                 continue  # named when its producer was imported
-            _import_op(imp, node, names, op_names, registry, low_dtype)
+            _import_op(imp, node, names, op_names, registry)
         elif node.op == "output":
             leaves: list[str | None] = []
             fx.node.map_arg(node.args, lambda n: leaves.append(names.get(n)) or n)
@@ -151,14 +149,13 @@ def _weight_kind(val: torch.Tensor, is_parameter: bool, training: bool, written:
     return CONSTANT
 
 
-def _add_weight(imp: FxImport, fqn: str, value: torch.Tensor, kind: str, where, index: int | None,
-                low_dtype: str) -> str:
+def _add_weight(imp: FxImport, fqn: str, value: torch.Tensor, kind: str, where, index: int | None) -> str:
     name = _add_tensor(imp, fqn, value, kind, where)
     imp.weights[name] = (value, fqn, index)
-    if value.dtype == torch.float32 and low_dtype == FLOAT16 and not _is_fake(value):
-        label = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
-        imp.graph.tensors[name].low_unsafe = low_unsafe_reason(
-            f"{label} {fqn}", value.detach().reshape(-1).cpu().numpy())
+    t = imp.graph.tensors[name]
+    t.origin = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
+    if value.dtype == torch.float32 and not _is_fake(value):
+        t.stats = stats_of(value.detach().reshape(-1).cpu().numpy())
     return name
 
 
@@ -189,8 +186,7 @@ def _written_nodes(gm: fx.GraphModule) -> set[fx.Node]:
 
 # -- ops ------------------------------------------------------------------------------------------
 
-def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registry: Registry,
-               low_dtype: str) -> None:
+def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registry: Registry) -> None:
     graph = imp.graph
     val = _val(node)
     results = _tensor_results(val)
@@ -216,34 +212,18 @@ def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registr
     canonical = _canonical(registry, packet, node)
     namespace = getattr(node.target, "namespace", "")
     op = Op(op_name, str(node.target), inputs, outputs, domain="" if namespace == "aten" else namespace,
-            attrs=_attrs(packet, node), canonical=canonical)
+            attrs=_attrs(packet, node), canonical=canonical, scalars=tuple(scalars))
     row = registry.by_canonical.get(canonical) if canonical else None
     in_dtypes = [graph.tensors[t].dtype for t in inputs]
     out_dtypes = [graph.tensors[t].dtype if t else None for t in outputs]  # "": an absent result
     op.port_groups = port_groups(packet, node.target, node, in_dtypes, out_dtypes,
                                  row.fp32_inputs if row else (), row.fp32_outputs if row else ())
-    unsafe = None
-    if low_dtype == FLOAT16:
-        big = next((s for s in scalars if scalar_low_unsafe(s)), None)
-        if big is not None:
-            op.forbid_low = unsafe = f"{op_name}: argument {big:.3g} is beyond the FP16 range"
-    if unsafe is None and row is not None and (row.op_class == CLEAR and canonical != "cast"
-                                               or canonical in VALUE_FLOW):
-        unsafe = next((graph.tensors[t].low_unsafe for t in inputs if graph.tensors[t].low_unsafe), None)
-    for t in outputs if unsafe else ():
-        graph.tensors[t].low_unsafe = graph.tensors[t].low_unsafe or unsafe
     if canonical == "unscale_marker":  # gradients divided by the loss scale (training.py)
         for t in outputs:
             graph.tensors[t].unscale_marker = True
     graph.add_op(op)
     imp.nodes[op_name] = node
     imp.ports[op_name] = ports
-
-
-#: ops whose output carries their inputs' extreme values (data movement aside): an FP32 value
-#: FP16 cannot hold (a weight, a ``finfo(float32).min`` mask fill) stays flagged through them,
-#: so no op on the way casts it to FP16 (where it would become inf)
-VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip"})
 
 
 def _tensor_results(val: Any) -> list[torch.Tensor | None] | None:

@@ -9,6 +9,8 @@ Names, metadata, doc strings, other attributes and untouched nodes survive as th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
@@ -19,15 +21,19 @@ from .files import defer_cast
 from .importer import OnnxImport
 from .order import replace_nodes
 
+if TYPE_CHECKING:
+    from passes.result import PlanResult
+
 try:
     import ml_dtypes
 except ImportError:  # pragma: no cover - ml_dtypes comes with onnx
     ml_dtypes = None
 
 
-def emit(imp: OnnxImport) -> ModelProto:
+def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
+    """Apply ``result``'s plan (carried by ``imp.graph``) onto ``imp.model``, in place; returns the model."""
     graph, model = imp.graph, imp.model
-    original = graph.meta.get("original_dtypes", {})
+    original = result.original_dtypes
     scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
     for name, op in graph.ops.items():
         node = imp.nodes.get(name)
@@ -120,7 +126,7 @@ def _fold_into(proto: TensorProto, t: Tensor, source: TensorProto, imp: OnnxImpo
     """``proto`` := constant ``source`` cast to ``t.dtype``. From external data (a model loaded
     lazily, over 2 GB say) the cast is deferred: ``files.save_model`` streams it chunk by chunk,
     so no weight is ever held whole in memory."""
-    base = imp.graph.meta.get("base_dir")
+    base = imp.base_dir
     if source.data_location == TensorProto.EXTERNAL and base:
         defer_cast(proto, t.name, source, dtype_to_onnx(t.dtype), base)
     else:
@@ -138,12 +144,8 @@ def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:
 def _array(init: TensorProto, imp: OnnxImport) -> np.ndarray:
     if init.data_type == TensorProto.FLOAT and init.raw_data and init.data_location != TensorProto.EXTERNAL:
         return np.frombuffer(init.raw_data, dtype=np.float32).reshape(tuple(init.dims))  # no copy
-    base = imp.graph.meta.get("base_dir")
+    base = imp.base_dir
     return numpy_helper.to_array(init, base_dir=base) if base else numpy_helper.to_array(init)
-
-
-def _is_declared_input(g: GraphProto, name: str) -> bool:
-    return any(i.name == name for i in g.input)
 
 
 def to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -5,8 +5,9 @@ Every node of the main graph and of every If/Loop/Scan subgraph becomes an IR op
 node outputs become tensors with dtype and shape. Types come from the model's
 ``value_info``; ONNX shape inference fills the gaps, run on a copy whose large
 tensors are stripped of their bytes (types and shapes are all it needs). With
-``validate=True`` the model is checked first (``validation.py``). External data
-(a model loaded lazily) is never read whole: FP16 range checks read it in chunks.
+``validate=True`` the model is checked first (``validation.py``). Float32 constants get
+their raw ``ValueStats`` (no policy: the numerics pass judges them for the target dtype);
+external data (a model loaded lazily) is never read whole: the statistics read it in chunks.
 The importer keeps a map from IR op names to the original ``NodeProto`` so the
 emitter can apply the plan back onto the model.
 """
@@ -22,11 +23,12 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ..errors import ConversionError
 from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PrecisionGraph, Tensor
-from ..numerics import low_unsafe_reason
+from ..numerics import ValueStats, stats_of
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
+from .files import iter_chunks
 from .schemas import port_groups
-from .validation import infer_types, validate_model, weight_range_reason
+from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -41,6 +43,7 @@ class OnnxImport:
     graphs: dict[str, GraphProto] = field(default_factory=dict)  # scope -> (sub)graph
     initializers: dict[str, TensorProto] = field(default_factory=dict)
     strict: bool = False  # validate=True: also check that ports bound to one type parameter agree
+    base_dir: str | None = None  # the folder external data lies in (a model loaded lazily)
 
 
 def import_model(model: ModelProto, *, registry: Registry | None = None, source: str = "model",
@@ -62,38 +65,13 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
         opsets[""] = opsets["ai.onnx"]
     types = _collect_types(model, inferred)
     graph = PrecisionGraph(model.graph.name or source)
-    graph.meta.update(source=source, opsets=opsets, default_dim=default_dim)
-    if base_dir is not None:
-        graph.meta["base_dir"] = str(base_dir)
-    imp = OnnxImport(graph, model, strict=validate)
+    graph.opsets = opsets
+    graph.set_dim_sizes(default_dim)
+    imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None)
     _import_graph(imp, model.graph, "", types, opsets, registry, source)
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
-    _keep_qdq_units(graph)
     return imp
-
-
-_QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
-             "DequantizeLinear -> op -> QuantizeLinear into an int8 kernel")
-
-
-def _keep_qdq_units(graph: PrecisionGraph) -> None:
-    """Ops reading a DequantizeLinear output or feeding a QuantizeLinear keep their dtype.
-
-    Runtimes (ONNX Runtime, TensorRT) fuse these patterns into integer kernels; a cast
-    inside the pattern defeats the fusion, and the op would not run in FP16 anyway.
-    """
-    for op in graph.ops.values():
-        if op.op_type == "DequantizeLinear" and op.domain in ("", "com.microsoft") and op.outputs and op.outputs[0]:
-            for name, _ in graph.tensors[op.outputs[0]].consumers:
-                consumer = graph.ops[name]
-                if consumer.op_type not in ("QuantizeLinear", "DequantizeLinear") and consumer.forbid_low is None:
-                    consumer.forbid_low = _QDQ_KEEP
-        elif op.op_type == "QuantizeLinear" and op.domain in ("", "com.microsoft") and op.inputs and op.inputs[0]:
-            producer = graph.ops.get(graph.tensors[op.inputs[0]].producer or "")
-            if producer is not None and producer.op_type not in ("QuantizeLinear", "DequantizeLinear") \
-                    and producer.forbid_low is None:
-                producer.forbid_low = _QDQ_KEEP
 
 
 def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opsets: dict, registry: Registry,
@@ -104,7 +82,9 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         _define(graph, Tensor(init.name, onnx_to_dtype(init.data_type), tuple(init.dims), CONSTANT, scope=scope),
                 source, scope)
         imp.initializers[init.name] = init
-        _check_range(graph.tensors[init.name], init, graph.meta.get("base_dir"))
+        if init.data_type == TensorProto.FLOAT:
+            graph.tensors[init.name].stats = ValueStats.of_chunks(iter_chunks(init, imp.base_dir))
+            graph.tensors[init.name].origin = "initializer"
     for k, inp in enumerate(g.input):
         if inp.name in imp.initializers:
             continue
@@ -124,8 +104,10 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
                 _define(graph, Tensor(out, dtype, shape, ACTIVATION, scope=scope), source, scope)
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
-            _check_constant_range(graph.tensors[node.output[0]], node)
+        if node.op_type in ("Constant", "ConstantOfShape") and node.domain in ("", "ai.onnx") \
+                and node.output and node.output[0]:
+            graph.tensors[node.output[0]].stats = _constant_stats(node)
+            graph.tensors[node.output[0]].origin = "constant"
         for inp in node.input:
             if inp and inp not in graph.tensors:
                 raise ConversionError(source, f"node {node.name or name} ({node.op_type})",
@@ -186,7 +168,7 @@ def _formal_input_dtype(graph: PrecisionGraph, scope: str, k: int) -> str | None
             return ("int64", "bool")[k]
         actual = owner.inputs[k] if k < len(owner.inputs) else ""
     elif owner.op_type == "Scan":  # body inputs: state values, then one slice of each scan input
-        offset = 1 if graph.meta.get("opsets", {}).get(owner.domain, 9) < 9 else 0  # Scan-8: sequence_lens
+        offset = 1 if graph.opsets.get(owner.domain, 9) < 9 else 0  # Scan-8: sequence_lens
         actual = owner.inputs[k + offset] if k + offset < len(owner.inputs) else ""
     else:
         return None
@@ -263,16 +245,8 @@ def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | N
     return types
 
 
-def _check_range(tensor: Tensor, init: TensorProto, base_dir: str | None) -> None:
-    """Mark float32 initializers whose values FP16 cannot hold (too large, or flushing to zero)."""
-    if init.data_type != TensorProto.FLOAT:
-        return
-    # numerics.low_unsafe_reason's rule, read in chunks (external data is never loaded whole)
-    tensor.low_unsafe = weight_range_reason(f"initializer {init.name}", init, base_dir)
-
-
-def _check_constant_range(tensor: Tensor, node: NodeProto) -> None:
-    """The same for the value of a Constant node (an attention mask of -1e9, say)."""
+def _constant_stats(node: NodeProto) -> ValueStats | None:
+    """Raw statistics of a Constant or ConstantOfShape node's float32 value (a mask fill of -1e9, say)."""
     for a in node.attribute:
         if a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
             values = _float_values(a.t)
@@ -281,7 +255,8 @@ def _check_constant_range(tensor: Tensor, node: NodeProto) -> None:
         else:
             continue
         if values is not None:
-            tensor.low_unsafe = low_unsafe_reason(f"constant {tensor.name}", values)
+            return stats_of(values)
+    return None
 
 
 def _float_values(init: TensorProto) -> np.ndarray | None:

@@ -1,16 +1,21 @@
-"""FLOP formulas named by the registry's ``flops`` column, and GEMM dimensions for alignment.
+"""FLOP formulas named by the registry's ``flops`` column, and the dims tensor cores need aligned.
 
-Each formula takes the op and the graph and returns floating-point operations for
-one execution; shapes with symbolic dims use ``graph.default_dim()``. Bytes moved are
-computed by the cost pass from the op's tensors in the dtype being costed.
+Each formula takes an IR op and its graph (``amp_compiler.ir``, duck-typed: this module
+imports nothing from it at run time) and returns floating-point operations for one
+execution; shapes with symbolic dims use the graph's dim sizes. Bytes moved are
+``cost_model.traffic``'s job. The alignment rule (``misaligned_dims``) is written once,
+here, on top of ``roofline.tensor_core_aligned``: the op timer and the align pass share it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .ir import Op, PrecisionGraph
+from .roofline import alignment_multiple, tensor_core_aligned
+
+if TYPE_CHECKING:
+    from amp_compiler.ir import Op, PrecisionGraph
 
 
 def _shape(graph: PrecisionGraph, name: str) -> list[int] | None:
@@ -150,3 +155,14 @@ def alignment_dims(op: Op, graph: PrecisionGraph) -> dict[str, int]:
             return {}
         return {"C_out": w[0], "C_in": w[1]}
     return {}
+
+
+def misaligned_dims(op: Op, graph: PrecisionGraph, dtype: str) -> dict[str, int]:
+    """The tensor-core dims of ``op`` that are not a multiple of ``dtype``'s granularity (8 for FP16/BF16)."""
+    return {k: v for k, v in alignment_dims(op, graph).items() if not tensor_core_aligned(dtype, v)}
+
+
+def padded(dim: int, dtype: str) -> int:
+    """``dim`` rounded up to ``dtype``'s tensor-core granularity."""
+    mult = alignment_multiple(dtype) or 1
+    return -(-dim // mult) * mult

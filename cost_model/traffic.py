@@ -1,0 +1,37 @@
+"""Bytes an op moves, by the registry's ``traffic`` column (docs/architecture.md, "Cost model").
+
+``all``: every input read and every output written; ``gather`` (Slice, Gather*, embedding):
+the table is read only as far as the output is written; ``alias`` (views, reshapes): nothing
+moves. Ports with role ``unit`` are sized in the dtype being costed, others in their own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .dtypes import UNKNOWN_ITEMSIZE, itemsize
+
+if TYPE_CHECKING:
+    from amp_compiler.ir import Op, PrecisionGraph
+
+ALL, GATHER, ALIAS = "all", "gather", "alias"
+_UNIT = "unit"  # amp_compiler.ir.UNIT (not imported: the cost model does not depend on the IR module)
+
+
+def op_bytes(op: Op, graph: PrecisionGraph, dtype: str, traffic: str = ALL) -> float:
+    """Bytes ``op`` reads and writes when its unit ports are in ``dtype``."""
+    if traffic == ALIAS:
+        return 0.0
+    total = 0
+    for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
+        for name, role in zip(names, roles):
+            if name:
+                t = graph.tensors[name]
+                total += graph.nbytes(t, dtype if role == _UNIT else t.dtype)
+    if traffic == GATHER and op.inputs and op.inputs[0] and op.outputs and op.outputs[0]:
+        table = graph.tensors[op.inputs[0]]
+        role = op.input_roles[0] if op.input_roles else None
+        table_dtype = dtype if role == _UNIT else table.dtype
+        rows_read = min(graph.numel(table), graph.numel(graph.tensors[op.outputs[0]]))
+        total += (rows_read - graph.numel(table)) * itemsize(table_dtype, UNKNOWN_ITEMSIZE)
+    return float(total)

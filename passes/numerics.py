@@ -1,0 +1,178 @@
+"""Numerics: flag what the target low dtype cannot hold, for both paths alike.
+
+Runs right after classify. The importers recorded raw facts only (constants' ``ValueStats``,
+ops' float scalar arguments, calibrated peaks); every rule here reads the target dtype's
+range (``amp_compiler.numerics.RANGES``: BF16 has FP32's exponent range, so a BF16 plan never
+keeps an op FP32 for FP16's range).
+
+Rewrite cases (they set ``Tensor.low_unsafe`` / ``Op.forbid_low``; the propagate pass keeps
+every op reading or writing a flagged value through a unit port in FP32):
+
+1. A float constant with a finite value beyond the dtype's max, or with 1 % or more of its
+   nonzero values below the dtype's smallest subnormal (they would flush to zero), is flagged.
+2. An op with a float scalar argument beyond the dtype's max (FX: ``full(..., -3.4e38)``,
+   the usual attention-mask fill) is forbidden the low dtype and its outputs are flagged.
+3. A calibrated activation (``calibrated_peak``) above ``max / ctx.calibration_margin``, or
+   nonzero yet below the dtype's smallest normal (every value subnormal), is flagged.
+4. QDQ units: an op reading a DequantizeLinear output or feeding a QuantizeLinear keeps its
+   source dtype, so runtimes can still fuse the pattern into an integer kernel.
+5. Value flow: a flag follows the value through data movement (clear ops other than casts)
+   and ``VALUE_FLOW`` ops, whose outputs carry their inputs' extremes, so no op on the way
+   casts it to the low dtype (where it would become inf).
+6. A constant flagged only because its values flush to zero does not veto a reader that
+   adds it (Add/Sub, a Conv/Gemm bias): BN-folded biases of 1e-9 vanish beside their addend.
+7. Trigonometric functions (Sin, Cos, Tan) of an argument that is not bounded stay FP32, and
+   so do the ops computing that argument from integers and constants alone (RoPE: position x
+   inv_freq): the dtype's spacing near 2048 (2 in FP16, 16 in BF16) loses the angle.
+8. A reduction -> add-eps -> sqrt/rsqrt/reciprocal chain stays FP32 when eps is below the
+   dtype's smallest normal (a variance near zero plus eps would be subnormal, its reciprocal
+   overflow); an output that overflows the dtype (1/eps) is flagged like a constant.
+"""
+
+from __future__ import annotations
+
+from amp_compiler.dtypes import is_float, short
+from amp_compiler.ir import Op, PrecisionGraph, Tensor
+from amp_compiler.numerics import RANGES, DtypeRange
+from amp_compiler.registry import CLEAR
+
+from .numerics_chains import eps_chains, trig_chains
+
+from .base import Pass, PassResult, PlanContext, check
+from .result import NumericsFlags
+
+#: ops whose output carries their inputs' extreme values
+VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip"})
+#: share of nonzero values below the smallest subnormal that flags a constant (1 %)
+FLUSH_SHARE = 0.01
+QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
+            "DequantizeLinear -> op -> QuantizeLinear into an int8 kernel")
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+class NumericsPass(Pass):
+    name = "numerics"
+
+    def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
+        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
+              "every op has a class (run classify first)")
+        if ctx.low_dtype not in RANGES:
+            raise ValueError(f"no numeric range known for {ctx.low_dtype!r}: use float16 or bfloat16")
+
+    def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
+        rng, label = RANGES[ctx.low_dtype], short(ctx.low_dtype).upper()
+        tensors: dict[str, str] = {}
+        ops: dict[str, str] = {}
+        for t in graph.tensors.values():  # 1, 3, 6
+            why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
+            why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)
+            if why:
+                tensors[t.name] = why
+        for op in graph.ops.values():
+            big = next((s for s in op.scalars if abs(s) != float("inf") and abs(s) > rng.max), None)
+            if big is not None:  # 2
+                ops[op.name] = f"{op.name}: argument {big:.3g} is beyond the {label} range"
+                for out in op.outputs:
+                    if out:
+                        tensors.setdefault(out, ops[op.name])
+        for name in qdq_members(graph):  # 4
+            ops.setdefault(name, QDQ_KEEP)
+        for name, why in trig_chains(graph, rng, label).items():  # 7
+            ops.setdefault(name, why)
+        chain_ops, overflowing = eps_chains(graph, rng, label)  # 8
+        for name, why in chain_ops.items():
+            ops.setdefault(name, why)
+        for name, why in overflowing.items():
+            tensors.setdefault(name, why)
+        _follow_value_flow(graph, tensors)  # 5
+        changed = False
+        for name, why in tensors.items():
+            t = graph.tensors[name]
+            changed |= t.low_unsafe != why
+            t.low_unsafe = why
+        for name, why in ops.items():
+            op = graph.ops[name]
+            if op.forbid_low is None:
+                op.forbid_low, changed = why, True
+        qdq = sum(1 for why in ops.values() if why == QDQ_KEEP)
+        details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops kept FP32 by a numerics " \
+                  f"rule, {qdq} ops in QDQ units"
+        return PassResult(graph, changed, details, NumericsFlags(tensors, ops))
+
+
+#: (canonical op, input port) pairs that add their operand: an operand flushed to zero changes nothing
+_ADDITIVE_PORTS = {"conv": (2,), "conv_transpose": (2,), "gemm": (2,)}
+_ADDITIVE_OPS = frozenset({"add", "sub", "bias_add"})
+
+
+def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange) -> bool:
+    """Whether ``t`` is a constant whose only trouble is underflow, read only as an addend (rule 6)."""
+    s = t.stats
+    if s is None or s.max_abs > rng.max or not t.consumers:
+        return False
+    for name, port in t.consumers:
+        canonical = graph.ops[name].canonical or ""
+        if canonical not in _ADDITIVE_OPS and port not in _ADDITIVE_PORTS.get(canonical, ()):
+            return False
+    return True
+
+
+def constant_reason(t: Tensor, rng: DtypeRange, label: str) -> str | None:
+    """Why the constant ``t`` cannot be stored in the dtype of range ``rng`` (rule 1), or None."""
+    s = t.stats
+    if s is None:
+        return None
+    what = f"{t.origin or 'constant'} {t.name}"
+    if s.max_abs > rng.max:
+        return f"{what} has values beyond the {label} range (max |w| = {s.max_abs:.3g})"
+    tiny = s.below(rng.tiny)
+    if tiny and tiny >= FLUSH_SHARE * s.nonzero:
+        return (f"{what}: {tiny} of {s.nonzero} nonzero values are below the smallest {label} subnormal "
+                f"and would flush to zero")
+    return None
+
+
+def calibrated_reason(t: Tensor, rng: DtypeRange, label: str, margin: float) -> str | None:
+    """Why the calibrated activation ``t`` cannot be held in the dtype (rule 3), or None."""
+    peak = t.calibrated_peak
+    if peak is None:
+        return None
+    if peak > rng.max / margin:
+        return f"activation {t.name} reaches {peak:.3g} on the calibration data ({label} max {rng.max:.5g})"
+    if 0 < peak < rng.min_normal:
+        return (f"activation {t.name} peaks at {peak:.3g} on the calibration data: in {label} every value "
+                f"would be subnormal (below {rng.min_normal:.2g}), losing precision or flushing to zero")
+    return None
+
+
+def qdq_members(graph: PrecisionGraph) -> list[str]:
+    """Ops reading a DequantizeLinear output or feeding a QuantizeLinear (rule 4)."""
+    names = []
+    for op in graph.ops.values():
+        if op.op_type == "DequantizeLinear" and op.outputs and op.outputs[0]:
+            names += [c for c, _ in graph.tensors[op.outputs[0]].consumers if graph.ops[c].op_type not in _QDQ]
+        elif op.op_type == "QuantizeLinear" and op.inputs and op.inputs[0]:
+            producer = graph.producer(op.inputs[0])
+            if producer is not None and producer.op_type not in _QDQ:
+                names.append(producer.name)
+    return names
+
+
+def carries_values(op: Op) -> bool:
+    """Whether ``op``'s float outputs carry its inputs' extreme values (rule 5)."""
+    return op.op_class == CLEAR and op.canonical != "cast" or op.canonical in VALUE_FLOW
+
+
+def _follow_value_flow(graph: PrecisionGraph, flagged: dict[str, str]) -> None:
+    for op in graph.ops.values():  # topological order: one sweep reaches every descendant
+        if not carries_values(op):
+            continue
+        why = next((flagged[i] for i in op.inputs if i in flagged), None)
+        if why is None:
+            continue
+        for out in op.outputs:
+            if out and is_float(graph.tensors[out].dtype):
+                flagged.setdefault(out, why)
+
+
+__all__ = ["NumericsPass", "VALUE_FLOW", "calibrated_reason", "constant_reason", "qdq_members"]

@@ -1,0 +1,121 @@
+"""The numerics rules that follow chains of ops (``passes/numerics.py`` rules 7 and 8).
+
+* ``trig_chains``: Sin/Cos/Tan of an argument that is not bounded, and the ops computing
+  that argument from integers and constants alone (RoPE's position x inv_freq), stay FP32.
+* ``eps_chains``: reduction -> add-eps -> sqrt/rsqrt/reciprocal stays FP32 when eps is below
+  the dtype's smallest normal; an output the dtype cannot hold (1/eps) is flagged.
+Both read the target dtype's range (docs/architecture.md, "Numerics").
+"""
+
+from __future__ import annotations
+
+from amp_compiler.dtypes import is_float
+from amp_compiler.ir import Op, PrecisionGraph
+from amp_compiler.numerics import DtypeRange
+from amp_compiler.registry import CLEAR
+
+#: ops whose output is bounded whatever their input (what deny propagation and the trig rule stop at)
+BOUNDED = frozenset({"tanh", "sigmoid", "hard_sigmoid", "softmax", "erf", "sin", "cos", "layer_norm", "rms_norm",
+                     "group_norm", "instance_norm", "batch_norm"})
+TRIG = frozenset({"sin", "cos", "tan"})
+#: ops that build an angle from positions and frequencies
+_ANGLE_OPS = frozenset({"mul", "matmul", "gemm", "einsum", "add", "sub", "div", "neg"})
+_ROOTS = frozenset({"sqrt", "rsqrt", "reciprocal"})
+#: elementwise ops allowed between the reduction and the root (add eps, scale, cast)
+_BETWEEN = frozenset({"add", "mul", "div", "cast", "identity"})
+_MAX_CHAIN = 4
+#: a trig argument this large is typical of RoPE at long context (positions up to 2048)
+_ANGLE = 2048.0
+
+
+def trig_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> dict[str, str]:
+    """op name -> reason for every trig op of unbounded argument and the position math feeding it."""
+    out: dict[str, str] = {}
+    memo: dict[str, bool] = {}
+    for op in graph.ops.values():
+        if op.canonical not in TRIG or not op.inputs or not op.inputs[0]:
+            continue
+        producer = graph.producer(op.inputs[0])
+        if producer is not None and producer.canonical in BOUNDED:
+            continue
+        why = (f"{op.op_type} of an unbounded argument: {label}'s spacing near {_ANGLE:.0f} is "
+               f"{rng.spacing(_ANGLE):g}, so the angle is lost")
+        out[op.name] = why
+        chain: list[str] = []
+        if _from_positions(graph, op.inputs[0], memo, chain):
+            for name in chain:
+                out.setdefault(name, f"computes the argument of {op.name}: {why.split(': ', 1)[1]}")
+    return out
+
+
+def _from_positions(graph: PrecisionGraph, tensor: str, memo: dict[str, bool], chain: list[str]) -> bool:
+    """Whether ``tensor`` is computed from integers and constants only; its float ops join ``chain``."""
+    if tensor in memo:
+        return memo[tensor]
+    t = graph.tensors[tensor]
+    if t.is_constant or not is_float(t.dtype):
+        memo[tensor] = True
+        return True
+    op = graph.producer(tensor)
+    memo[tensor] = False  # until proven (also breaks cycles through subgraph captures)
+    if op is None or not (op.canonical in _ANGLE_OPS or op.op_class == CLEAR):
+        return False
+    if all(_from_positions(graph, i, memo, chain) for i in op.inputs if i):
+        memo[tensor] = True
+        chain.append(op.name)
+        return True
+    return False
+
+
+def eps_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(op name -> reason, output tensor -> reason) for reduction -> add-eps -> root chains (rule 8)."""
+    ops: dict[str, str] = {}
+    tensors: dict[str, str] = {}
+    for op in graph.ops.values():
+        if op.canonical not in _ROOTS or not op.inputs or not op.inputs[0]:
+            continue
+        found = _chain_to_reduction(graph, op)
+        if found is None:
+            continue
+        between, eps = found
+        if eps >= rng.min_normal:
+            continue
+        why = (f"{op.op_type} of a reduction plus eps {eps:.3g}: below {label}'s smallest normal "
+               f"({rng.min_normal:.2g}) a variance near zero loses its digits and its reciprocal overflows")
+        for name in (*between, op.name):
+            ops.setdefault(name, why)
+        peak = {"sqrt": eps ** 0.5, "rsqrt": eps ** -0.5, "reciprocal": 1.0 / eps}[op.canonical]
+        if peak > rng.max and op.outputs and op.outputs[0]:
+            tensors[op.outputs[0]] = f"{op.name} can reach {peak:.3g} (1/eps), beyond the {label} range"
+    return ops, tensors
+
+
+def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], float] | None:
+    """The ops between a reduction and ``root`` and the smallest positive constant they add, or None."""
+    between: list[str] = []
+    eps = None
+    tensor = root.inputs[0]
+    for _ in range(_MAX_CHAIN):
+        op = graph.producer(tensor)
+        if op is None:
+            return None
+        if _is_reduction(op):
+            return (between, eps) if eps is not None else None
+        if op.canonical not in _BETWEEN or not op.inputs or not op.inputs[0]:
+            return None
+        between.append(op.name)
+        if op.canonical == "add":  # eps as a one-element constant (ONNX) or a scalar argument (FX)
+            stats = [graph.tensors[i].stats for i in op.inputs if i]
+            added = [s.max_abs for s in stats if s is not None and s.size == 1] + list(op.scalars)
+            for value in (v for v in added if v > 0):
+                eps = value if eps is None else min(eps, value)
+        tensor = next((i for i in op.inputs if i and graph.tensors[i].stats is None), op.inputs[0])
+    return None
+
+
+def _is_reduction(op: Op) -> bool:
+    c = op.canonical or ""
+    return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
+
+
+__all__ = ["BOUNDED", "TRIG", "eps_chains", "trig_chains"]

@@ -1,0 +1,238 @@
+"""The numerics pass on hand-built IR: each rule reads the target dtype (FP16 and BF16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from passes import ClassifyPass, NumericsPass, PropagatePass
+from passes.numerics import QDQ_KEEP
+
+from .builders import IRBuilder
+
+
+def _numerics(b: IRBuilder, dtype: str = "fp16", **options):
+    return b.run(ClassifyPass(), NumericsPass(), PropagatePass(), dtype=dtype, **options)[1]
+
+
+def _weight_graph(values):
+    b = IRBuilder()
+    w = b.const("w", values)
+    b.output(b.op("MatMul", [b.input("x"), w], "mm"))
+    return b
+
+
+@pytest.mark.parametrize("dtype, flagged", [("fp16", True), ("bf16", False)])
+def test_weight_beyond_fp16_range_is_flagged_for_fp16_only(dtype, flagged):
+    b = _weight_graph(np.full((4, 4), 1e6))
+    result = _numerics(b, dtype)
+    assert ("w" in result.output.tensors) is flagged
+    mm = b.graph.ops["mm"]
+    assert (mm.precision == "float32" and "beyond the FP16 range" in mm.reason) is flagged
+    assert mm.eligible is not flagged
+
+
+def test_weight_beyond_bf16_range_is_flagged_for_bf16():
+    b = _weight_graph(np.full((4, 4), 3.4e38))
+    assert "beyond the BF16 range" in _numerics(b, "bf16").output.tensors["w"]
+
+
+@pytest.mark.parametrize("dtype, flagged", [("fp16", True), ("bf16", False)])
+def test_weights_that_flush_to_zero_are_flagged_per_dtype(dtype, flagged):
+    values = np.full((4, 4), 1e-9)  # below FP16's smallest subnormal (6e-8), well inside BF16's range
+    result = _numerics(_weight_graph(values), dtype)
+    assert ("w" in result.output.tensors) is flagged
+    if flagged:
+        assert "16 of 16 nonzero values are below the smallest FP16 subnormal" in result.output.tensors["w"]
+
+
+def test_a_few_tiny_weights_among_normal_ones_are_not_flagged():
+    values = np.full(1000, 0.5)
+    values[:5] = 1e-9  # 0.5 % of the nonzero values: below the 1 % share
+    result = _numerics(_weight_graph(values.reshape(10, 100)))
+    assert result.output.tensors == {} and result.modified is False
+
+
+def test_out_of_range_scalar_forbids_its_op_and_the_flag_follows_value_flow():
+    b = IRBuilder()
+    x = b.input("x")
+    fill = b.op("Where", [b.input("cond", "bool"), x], "fill", dtype="float32", scalars=(-3.4e38,))
+    moved = b.op("Transpose", [fill], "move")  # data movement carries the extreme value
+    scores = b.op("Add", [moved, x], "add")  # value-flow op: its output holds it too
+    probs = b.op("Softmax", [scores], "softmax")  # bounded: its output does not
+    b.output(b.op("MatMul", [probs, x], "mm"))
+    result = _numerics(b, planner="all")
+    assert "argument -3.4e+38 is beyond the FP16 range" in result.output.ops["fill"]
+    assert {"fill_out", "move_out", "add_out"} <= set(result.output.tensors)
+    assert "softmax_out" not in result.output.tensors
+    ops = b.graph.ops
+    assert [ops[n].precision for n in ("fill", "move", "add", "softmax")] == ["float32"] * 4
+    assert ops["mm"].eligible
+
+
+def test_out_of_fp16_range_scalar_is_harmless_for_bf16():
+    b = IRBuilder()
+    b.output(b.op("Where", [b.input("cond", "bool"), b.input("x")], "fill", dtype="float32", scalars=(-1e9,)))
+    result = _numerics(b, "bf16", planner="all")
+    assert result.output.ops == {} and b.graph.ops["fill"].eligible
+
+
+def test_infinite_scalar_is_not_out_of_range():
+    b = IRBuilder()
+    b.output(b.op("Where", [b.input("cond", "bool"), b.input("x")], "fill", dtype="float32",
+                  scalars=(float("-inf"),)))
+    assert _numerics(b).output.ops == {}
+
+
+@pytest.mark.parametrize("peak, dtype, flagged", [
+    (1e5, "fp16", True), (1e5, "bf16", False),  # overflow: FP16 max 65504 / margin 2
+    (40000.0, "fp16", True), (30000.0, "fp16", False),  # the margin
+    (1e-6, "fp16", True), (1e-6, "bf16", False),  # every value subnormal in FP16
+    (0.0, "fp16", False),  # an all-zero activation loses nothing
+])
+def test_calibrated_peaks_are_judged_for_the_target_dtype(peak, dtype, flagged):
+    b = IRBuilder()
+    h = b.op("Relu", [b.input("x")], "relu")
+    b.graph.tensors[h].calibrated_peak = peak
+    b.output(b.op("MatMul", [h, b.input("w")], "mm"))
+    result = _numerics(b, dtype)
+    assert (h in result.output.tensors) is flagged
+    assert (b.graph.ops["mm"].precision == "float32") is flagged
+
+
+def test_ops_inside_a_qdq_unit_keep_their_source_dtype():
+    b = IRBuilder()
+    deq = b.op("DequantizeLinear", [b.input("q", "int8"), b.input("scale")], "deq", dtype="float32")
+    conv = b.op("MatMul", [deq, b.input("x")], "mm")
+    b.output(b.op("QuantizeLinear", [conv, b.input("s2")], "quant", dtype="int8"))
+    free = b.op("MatMul", [b.input("y"), b.input("z")], "free_mm")
+    b.output(free)
+    result = _numerics(b, planner="all")
+    assert result.output.ops == {"mm": QDQ_KEEP}
+    assert b.graph.ops["mm"].forbid_low == QDQ_KEEP and not b.graph.ops["mm"].eligible
+    assert b.graph.ops["free_mm"].eligible
+
+
+def test_nothing_to_flag_leaves_the_graph_unmodified():
+    b = _weight_graph(np.full((4, 4), 0.25))
+    result = _numerics(b)
+    assert result.modified is False and result.output.tensors == {} and result.output.ops == {}
+    assert "0 values beyond FP16's range" in result.details
+
+
+def test_numerics_requires_classes():
+    from passes.base import PassError
+
+    from amp_compiler.plan import make_context
+
+    b = _weight_graph(np.ones((4, 4)))
+    with pytest.raises(PassError, match="numerics: requires violated: every op has a class.*mm"):
+        NumericsPass()(b.graph, make_context())
+
+
+def test_an_underflowing_bias_does_not_veto_its_add_but_does_veto_a_product():
+    b = IRBuilder()
+    x = b.input("x")
+    bias = b.const("bias", np.full(256, 1e-9))  # a BN-folded bias: flushed to zero beside its addend
+    scale = b.const("scale", np.full(256, 1e-9))
+    h = b.op("MatMul", [x, b.input("w")], "mm")
+    added = b.op("Add", [h, bias], "add_bias")
+    b.output(b.op("Mul", [added, scale], "mul_scale"))
+    result = _numerics(b, planner="all")
+    assert "bias" not in result.output.tensors
+    assert "would flush to zero" in result.output.tensors["scale"]
+    ops = b.graph.ops
+    assert ops["add_bias"].eligible and not ops["mul_scale"].eligible
+
+
+def test_an_overflowing_addend_still_vetoes_its_add():
+    b = IRBuilder()
+    b.output(b.op("Add", [b.op("MatMul", [b.input("x"), b.input("w")], "mm"), b.const("c", np.full(256, 1e6))],
+                  "add_big"))
+    result = _numerics(b, planner="all")
+    assert "c" in result.output.tensors and not b.graph.ops["add_big"].eligible
+
+
+def _rms_norm(eps: float) -> IRBuilder:
+    """x -> Pow -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> Mul(x) -> MatMul."""
+    b = IRBuilder()
+    x = b.input("x")
+    sq = b.op("Pow", [x, b.const("two", [2.0])], "pow")
+    var = b.op("ReduceMean", [sq], "mean", shape=(256, 1))
+    shifted = b.op("Add", [var, b.const("eps", [eps])], "add_eps")
+    root = b.op("Sqrt", [shifted], "sqrt")
+    inv = b.op("Reciprocal", [root], "recip")
+    normed = b.op("Mul", [x, inv], "scale")
+    b.output(b.op("MatMul", [normed, b.input("w")], "mm"))
+    return b
+
+
+@pytest.mark.parametrize("eps, dtype, protected", [
+    (1e-6, "fp16", True),  # below FP16's smallest normal (6.1e-5)
+    (1e-6, "bf16", False),  # BF16 has FP32's exponent range
+    (1e-3, "fp16", False),  # var + eps stays a normal FP16 number
+])
+def test_reduction_add_eps_sqrt_chain_is_protected_per_dtype(eps, dtype, protected):
+    b = _rms_norm(eps)
+    result = _numerics(b, dtype, planner="all")
+    ops = b.graph.ops
+    assert (set(result.output.ops) == {"add_eps", "sqrt"}) is protected
+    assert all(not ops[n].eligible for n in ("add_eps", "sqrt")) is protected
+    assert ops["recip"].eligible and ops["scale"].eligible  # after the root the value is an ordinary one
+    if protected:
+        assert f"plus eps {eps:.3g}" in ops["sqrt"].reason
+
+
+@pytest.mark.parametrize("dtype, flagged", [("fp16", True), ("bf16", False)])
+def test_a_reciprocal_of_eps_that_overflows_is_flagged_as_a_value(dtype, flagged):
+    b = IRBuilder()
+    var = b.op("ReduceMean", [b.input("x")], "mean", shape=(256, 1))
+    inv = b.op("Reciprocal", [b.op("Add", [var, b.const("eps", [1e-6])], "add_eps")], "recip")
+    b.output(b.op("MatMul", [b.op("Mul", [b.input("y"), inv], "scale"), b.input("w")], "mm"))
+    result = _numerics(b, dtype, planner="all")
+    assert ("recip_out" in result.output.tensors) is flagged
+    assert b.graph.ops["scale"].eligible is not flagged  # it reads the overflowing value
+    if flagged:
+        assert "can reach 1e+06 (1/eps), beyond the FP16 range" in result.output.tensors["recip_out"]
+
+
+@pytest.mark.parametrize("bounded_op", ["Softmax", "Tanh", "LayerNormalization"])
+def test_deny_propagation_stops_at_ops_whose_output_is_bounded(bounded_op):
+    b = IRBuilder()
+    s = b.op("ReduceSum", [b.input("x")], "sum")  # deny: its range is unknown
+    scaled = b.op("Mul", [s, b.input("k")], "scaled")  # infer fed by deny: tainted
+    bounded = b.op(bounded_op, [scaled], "bounded")
+    after = b.op("Add", [bounded, b.input("z")], "after")
+    b.output(b.op("MatMul", [after, b.input("w")], "mm"))
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), planner="all", deny_propagation=True)
+    ops = b.graph.ops
+    assert not ops["scaled"].eligible and "downstream of deny op sum" in ops["scaled"].reason
+    assert ops["bounded"].eligible and ops["after"].eligible
+    b2 = IRBuilder()  # without the option nothing downstream of the deny op is tainted
+    b2.output(b2.op("Mul", [b2.op("ReduceSum", [b2.input("x")], "sum"), b2.input("k")], "scaled"))
+    b2.run(ClassifyPass(), NumericsPass(), PropagatePass(), planner="all", deny_propagation=False)
+    assert b2.graph.ops["scaled"].eligible
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_trig_of_a_bounded_argument_may_go_low_and_of_an_unbounded_one_not(bounded):
+    b = IRBuilder()
+    h = b.op("MatMul", [b.input("x"), b.input("w")], "mm")
+    arg = b.op("Tanh", [h], "squash") if bounded else b.op("Relu", [h], "relu")
+    b.output(b.op("MatMul", [b.op("Sin", [arg], "sin"), b.input("w2")], "mm2"))
+    result = _numerics(b, planner="all")
+    assert ("sin" in result.output.ops) is not bounded
+    assert b.graph.ops["sin"].eligible is bounded
+    assert b.graph.ops["mm"].eligible  # activations feeding the argument are not position math
+
+
+@pytest.mark.parametrize("dtype, spacing", [("fp16", "2"), ("bf16", "16")])
+def test_position_times_frequency_stays_fp32_with_the_dtype_spacing(dtype, spacing):
+    b = IRBuilder((2048, 32))
+    pos = b.op("Cast", [b.input("pos", "int64")], "pos_float", dtype="float32")
+    angle = b.op("Mul", [pos, b.const("inv_freq", np.ones((1, 32)))], "angle")
+    b.output(b.op("MatMul", [b.op("Cos", [angle], "cos"), b.input("w")], "mm"))
+    result = _numerics(b, dtype, planner="all")
+    assert set(result.output.ops) == {"pos_float", "angle", "cos"}
+    assert f"spacing near 2048 is {spacing}," in result.output.ops["cos"]
+    assert b.graph.ops["mm"].eligible
