@@ -37,6 +37,7 @@ from onnx import numpy_helper as nh
 from amp_compiler import cli
 from amp_compiler.errors import ConversionError
 from amp_compiler.onnx_io import files
+from amp_compiler.onnx_io import save as saving
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -407,8 +408,8 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, capsys, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kwargs)
 
-    real = files._DataWriter._write_cast
-    monkeypatch.setattr(files._DataWriter, "_write_cast", full_disk)
+    real = saving._DataWriter._write_cast
+    monkeypatch.setattr(saving._DataWriter, "_write_cast", full_disk)
     assert_refused(capsys, inp, f"{out}: cannot write the output: No space left on device", out=out)
     assert list(out.parent.iterdir()) == []
 

@@ -26,7 +26,8 @@ from ..numerics import low_unsafe_reason
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .schemas import port_groups
-from .validation import infer_types, validate_model, weight_range_reason
+from .tensors import iter_chunks
+from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -267,8 +268,8 @@ def _check_range(tensor: Tensor, init: TensorProto, base_dir: str | None) -> Non
     """Mark float32 initializers whose values FP16 cannot hold (too large, or flushing to zero)."""
     if init.data_type != TensorProto.FLOAT:
         return
-    # numerics.low_unsafe_reason's rule, read in chunks (external data is never loaded whole)
-    tensor.low_unsafe = weight_range_reason(f"initializer {init.name}", init, base_dir)
+    # read in chunks: external data is never loaded whole
+    tensor.low_unsafe = low_unsafe_reason(f"initializer {init.name}", iter_chunks(init, base_dir))
 
 
 def _check_constant_range(tensor: Tensor, node: NodeProto) -> None:
