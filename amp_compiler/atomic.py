@@ -35,6 +35,8 @@ class Staging:
     def path(self, dest: str | os.PathLike) -> Path:
         """Where to write ``dest`` until it is published (the same file name, in a staging folder)."""
         dest = Path(os.path.abspath(dest))
+        if dest in self._files:
+            return self._files[dest]
         folder = self._dirs.get(dest.parent)
         if folder is None:
             folder = _make_dir(dest.parent, dest.name)
