@@ -6,8 +6,9 @@ characters become spaces, so a model cannot inject terminal escapes). docs/archi
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 from .schema import PRECISION_LABEL
 
@@ -30,22 +31,31 @@ def num(x: Any) -> float | None:
     return None
 
 
-def fmt_count(x: Any) -> str:
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
-    if not math.isfinite(v):
-        return str(v)
+def _numeric(nonfinite: Callable[[float], str] = str) -> Callable[[Callable[[float], str]], Callable[[Any], str]]:
+    """Wrap a formatter of finite floats: None shows as ``—``, a non-number as itself, inf/nan via ``nonfinite``."""
+    def wrap(fmt: Callable[[float], str]) -> Callable[[Any], str]:
+        @functools.wraps(fmt)
+        def formatted(x: Any) -> str:
+            v = num(x)
+            if v is None:
+                return "—" if x is None else str(x)
+            return fmt(v) if math.isfinite(v) else nonfinite(v)
+        return formatted
+    return wrap
+
+
+def _time_nonfinite(v: float) -> str:
+    return "nan" if math.isnan(v) else ("∞" if v > 0 else "-∞")
+
+
+@_numeric()
+def fmt_count(v: float) -> str:
     return f"{int(round(v)):,}" if v == int(v) else f"{v:,.1f}"
 
 
-def fmt_bytes(x: Any) -> str:
+@_numeric()
+def fmt_bytes(v: float) -> str:
     """Bytes in binary units: ``512 B``, ``120.6 KiB``, ``3.0 GiB``."""
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
-    if not math.isfinite(v):
-        return str(v)
     sign = "-" if v < 0 else ""
     v = abs(v)
     if v < 1024:
@@ -57,15 +67,9 @@ def fmt_bytes(x: Any) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def fmt_time(x: Any) -> str:
+@_numeric(_time_nonfinite)
+def fmt_time(v: float) -> str:
     """Seconds in a readable unit: ``850 ns``, ``12.1 µs``, ``2.10 ms``, ``1.50 s``."""
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "∞" if v > 0 else "-∞"
     a = abs(v)
     if a == 0:
         return "0 µs"
@@ -78,13 +82,9 @@ def fmt_time(x: Any) -> str:
     return f"{v:.2f} s"
 
 
-def fmt_flops(x: Any) -> str:
+@_numeric()
+def fmt_flops(v: float) -> str:
     """FLOP counts with SI prefixes: ``1.20 GFLOP``."""
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
-    if not math.isfinite(v):
-        return str(v)
     a = abs(v)
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if a >= scale:
@@ -92,28 +92,18 @@ def fmt_flops(x: Any) -> str:
     return f"{v:.0f} FLOP"
 
 
-def fmt_pct(fraction: Any) -> str:
-    v = num(fraction)
-    if v is None:
-        return "—" if fraction is None else str(fraction)
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v * 100:.1f}%"
+@_numeric()
+def fmt_pct(fraction: float) -> str:
+    return f"{fraction * 100:.1f}%"
 
 
-def fmt_speedup(x: Any) -> str:
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
-    if not math.isfinite(v):
-        return str(v)
+@_numeric()
+def fmt_speedup(v: float) -> str:
     return f"{v:.2f}×"
 
 
-def fmt_sci(x: Any) -> str:
-    v = num(x)
-    if v is None:
-        return "—" if x is None else str(x)
+@_numeric(lambda v: f"{v:.3g}")
+def fmt_sci(v: float) -> str:
     return f"{v:.3g}"
 
 
