@@ -27,7 +27,7 @@ def error_stats(ref, got) -> tuple[float, float]:
     if not finite.any():
         return 0.0, 0.0
     scale = float(np.max(np.abs(ref64[finite])))
-    max_abs = float(np.max(np.abs(ref64 - got64)[finite]))
+    max_abs = float(np.max(np.abs(ref64[finite] - got64[finite])))
     return max_abs, (max_abs / scale if scale > 0 else max_abs)
 
 
