@@ -11,7 +11,7 @@ from onnx import ModelProto
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .onnx_io.emitter import emit
-from .onnx_io.files import has_deferred, load_model, materialize, save_model
+from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
 from .plan import make_context, run_passes
 from .report import Report
@@ -94,7 +94,8 @@ class ConvertedModel:
 
     ``save(path)`` streams the model to disk (weights that stayed in their external-data
     files are copied or cast chunk by chunk, never held whole). ``model`` is a plain,
-    valid ``ModelProto``: deferred casts of external data are computed on first access.
+    self-contained ``ModelProto``: on first access deferred casts are computed and weights
+    still in external files are read in (use ``save`` for models too large for that).
     Unpacks (and indexes) as the pair ``model, report = convert_onnx(...)``.
     """
 
@@ -105,8 +106,8 @@ class ConvertedModel:
     @property
     def model(self) -> ModelProto:
         """The converted ``ModelProto``; ``onnx.save`` works on it."""
-        if has_deferred(self._proto):
-            materialize(self._proto)
+        if has_external(self._proto):
+            materialize(self._proto, self._base_dir)
         return self._proto
 
     def save(self, path: str | os.PathLike, *, external: bool | None = None, protect=(), staging=None) -> Path:

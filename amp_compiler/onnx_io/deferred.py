@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from onnx import ModelProto, TensorProto
 
-from .tensors import NUMPY, external_range, is_external, iter_tensors
+from .tensors import NUMPY, external_range, is_external, iter_tensors, resolve_external_data
 
 #: external-data key marking a folded constant whose cast ``save_model`` performs
 CAST_FROM_KEY = "amp_compiler.cast_from"
@@ -54,8 +54,14 @@ def has_deferred(model: ModelProto) -> bool:
     return any(is_external(t) and cast_source(t) is not None for t in iter_tensors(model))
 
 
-def materialize(model: ModelProto) -> None:
-    """Compute every deferred cast of ``model`` in place (the weights are read whole: small models)."""
+def has_external(model: ModelProto) -> bool:
+    """Whether any tensor of ``model`` (a deferred cast or a lazily loaded weight) lies in a file."""
+    return any(is_external(t) for t in iter_tensors(model))
+
+
+def materialize(model: ModelProto, base_dir: str | os.PathLike | None = None) -> None:
+    """Compute every deferred cast of ``model`` in place, and with ``base_dir`` read the tensors
+    still in external files in too: the model then stands alone (small models: weights read whole)."""
     for tensor in iter_tensors(model):
         src_code = cast_source(tensor) if is_external(tensor) else None
         if src_code is None:
@@ -68,3 +74,5 @@ def materialize(model: ModelProto) -> None:
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
         tensor.raw_data = values.tobytes()
+    if base_dir is not None:
+        resolve_external_data(model, base_dir, load_all=True)

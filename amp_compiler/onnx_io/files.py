@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
 from ..errors import ConversionError
-from .deferred import CAST_FROM_KEY, defer_cast, has_deferred, materialize
+from .deferred import CAST_FROM_KEY, defer_cast, has_deferred, has_external, materialize
 from .paths import check_output_path, external_data_name, input_files
 from .save import DEFAULT_EXTERNAL_THRESHOLD, EXTERNAL_THRESHOLD_ENV, TWO_GB, external_threshold, save_model
 from .skeleton import skeleton_copy
@@ -27,7 +27,7 @@ from .tensors import INLINE_BYTES, is_external, iter_chunks, iter_tensors, resol
 from .wire import scan_model_fields
 
 __all__ = ["CAST_FROM_KEY", "DEFAULT_EXTERNAL_THRESHOLD", "EXTERNAL_THRESHOLD_ENV", "INLINE_BYTES", "TWO_GB",
-           "check_output_path", "defer_cast", "external_data_name", "external_threshold", "has_deferred",
+           "check_output_path", "defer_cast", "external_data_name", "external_threshold", "has_deferred", "has_external",
            "input_files", "is_external", "iter_chunks", "iter_tensors", "load_model", "materialize",
            "resolve_external_data", "save_model", "skeleton_copy", "tensor_nbytes"]
 
