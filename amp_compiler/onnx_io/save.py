@@ -69,7 +69,8 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
     staging = Staging() if own else staging
     try:
         if external:
-            staged_data = staging.path(data_path)  # staged first: published before the .onnx that reads it
+            # beside the staged .onnx (relative location), staged first: published before the .onnx reads it
+            staged_data = staging.path(Path(os.path.abspath(out)).parent / data_path.name)
             with open(staged_data, "wb") as data_file:
                 skeleton = skeleton_copy(model, _DataWriter(data_file, data_path.name, base, name))
             payload = skeleton.SerializeToString()

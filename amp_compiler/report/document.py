@@ -137,8 +137,6 @@ class Report:
 
     def to_text(self, max_rows: int | None = 60) -> str:
         """Terminal report, at most ~120 columns; long tables are cut at ``max_rows`` rows."""
-        if max_rows is not None and max_rows < 0:
-            raise ValueError(f"max_rows must be >= 0 or None, got {max_rows}")
         return render_text(self, max_rows)
 
     def to_html(self, sections: Sequence[tuple[str, str]] = ()) -> str:
