@@ -14,29 +14,21 @@ unit port, a flagged tensor.
 from __future__ import annotations
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto
 
 from .ir import PrecisionGraph
-
-_FLOAT_CODES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+from .onnx_io.probe import run_exposed
 
 
 def activation_ranges(model: ModelProto, graph: PrecisionGraph, feeds: dict[str, np.ndarray]) -> dict[str, float]:
     """Largest finite |value| of every float graph input and activation of the main graph."""
     from .validate import run_model
 
-    probe = ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
     names = [t.name for t in graph.tensors.values()
              if t.producer and not t.scope and t.dtype in ("float32", "float16", "bfloat16", "float64")]
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-    all_names = [o.name for o in probe.graph.output]
-    values = run_model(probe, feeds, label="calibration run of the FP32 model")
+    values = run_exposed(model, names, feeds, run_model, "calibration run of the FP32 model")
     ranges = {}
-    for name, value in [*zip(all_names, values), *feeds.items()]:
+    for name, value in [*values.items(), *feeds.items()]:
         arr = np.asarray(value)
         if arr.dtype.kind != "f" or arr.size == 0:
             continue

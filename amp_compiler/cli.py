@@ -31,9 +31,10 @@ examples:
       move the ops that add the most error to FP32, re-plan, repeat until within tolerance
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
---tolerance; 2 bad input or options (one line on stderr names the file, op and reason;
-no output file is left behind and the input is never modified); 3 internal error (a bug:
-please report it; --debug shows the traceback).
+--tolerance (the model is not written; --report files are, with the errors); 2 bad input
+or options (one line on stderr names the file, op and reason; no output file is left
+behind and the input is never modified); 3 internal error (a bug: please report it;
+--debug shows the traceback).
 """
 
 
@@ -146,7 +147,7 @@ def _fail(args: argparse.Namespace, line: str, status: int) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .fallback import convert_with_fallback
     from .onnx_api import convert_onnx
-    from .onnx_io.files import check_output_path, input_files, load_model, save_model
+    from .onnx_io.files import check_output_path, input_files, load_model
 
     if not args.output and not args.dry_run:
         raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
@@ -179,20 +180,35 @@ def _run(args: argparse.Namespace) -> int:
                                 calibration_inputs=feeds if args.calibrate else None,
                                 deny_propagation=args.deny_propagation)
     if args.fallback:
-        converted, report, _ = convert_with_fallback(convert, original, feeds, args.tolerance,
-                                                     deny_nodes=args.deny_node, progress=progress,
-                                                     runner=_runner(args))
+        result, _ = convert_with_fallback(convert, original, feeds, args.tolerance, deny_nodes=args.deny_node,
+                                          progress=progress, runner=_runner(args))
     else:
-        converted, report = convert(deny_nodes=args.deny_node)
-    if out is not None:
-        progress(f"write {out}")
-        save_model(converted, out, base_dir=base_dir, protect=[args.input])
-    status = 0
-    if args.validate or args.fallback:
-        progress(f"validate on {'the onnx reference evaluator' if args.runtime == 'reference' else 'ONNX Runtime'}")
-        status = _validate(args, original, converted, out, report, feeds)
-    for report_path in args.report:
-        report.save(report_path)
+        result = convert(deny_nodes=args.deny_node)
+    return _write_checked(args, result, original, out, feeds, progress)
+
+
+def _write_checked(args, result, original, out, feeds, progress) -> int:
+    """Stage the model and reports, check them, publish: a failed run leaves nothing behind.
+
+    Exit 1 (validation above --tolerance) publishes the reports, which hold the errors,
+    but not the model.
+    """
+    from .atomic import Staging
+
+    report = result.report
+    with Staging() as staging:  # leaving the block removes whatever was not published
+        staged = None
+        if out is not None:
+            progress(f"write {out}")
+            result.save(out, protect=[args.input], staging=staging)
+            staged = staging.path(out)
+        status = 0
+        if args.validate or args.fallback:
+            progress(f"validate on {'the onnx reference evaluator' if args.runtime == 'reference' else 'ONNX Runtime'}")
+            status = _validate(args, original, result, staged, report, feeds)
+        for report_path in args.report:
+            report.save(report_path, staging=staging)
+        staging.publish(only=None if status == 0 else args.report)
     if not args.quiet:
         print(report.to_text(max_rows=40))
     return status
@@ -210,21 +226,21 @@ def _runner(args):
     return run_reference if args.runtime == "reference" else run_model
 
 
-def _validate(args, original, converted, out, report, feeds) -> int:
-    """Compare the outputs: ONNX Runtime runs the written files (external data and all)."""
+def _validate(args, original, converted, staged, report, feeds) -> int:
+    """Compare the outputs: ONNX Runtime runs the staged files (external data and all)."""
     from .validate import validate
 
-    if out is not None and args.runtime == "ort":
-        result = validate(str(args.input), str(out), feeds, args.tolerance)
+    if staged is not None and args.runtime == "ort":
+        result = validate(str(args.input), str(staged), feeds, args.tolerance)
     else:
-        result = validate(original, converted, feeds, args.tolerance, runner=_runner(args))
+        result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args))
     report.data["validation"] = result
     for row in result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
               f"max rel error {row['max_rel_error']:.3g}", file=sys.stderr)
     if not result["passed"]:
         print(f"amp-compile: validation failed: max rel error {result['max_rel_error']:.3g} > "
-              f"tolerance {args.tolerance}", file=sys.stderr)
+              f"tolerance {args.tolerance}; no model written", file=sys.stderr)
         return 1
     return 0
 

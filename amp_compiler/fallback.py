@@ -14,33 +14,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from onnx import ModelProto, helper
+from onnx import ModelProto
 
 from .dtypes import LOW_PRECISION
 from .errors import ConversionError
-from .validate import compare_outputs, run_model
-
-
-def _expose_all(model: ModelProto, names: list[str]) -> ModelProto:
-    probe = ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in have:
-            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-    return probe
-
-
-def _rel(ref: np.ndarray, got: np.ndarray) -> float:
-    ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    if ref64.shape != got64.shape or ref64.size == 0:
-        return 0.0
-    finite = np.isfinite(ref64)
-    if np.any(np.isfinite(got64) != finite):
-        return float("inf")
-    scale = float(np.max(np.abs(ref64[finite]))) if finite.any() else 0.0
-    diff = float(np.max(np.abs(ref64 - got64)[finite])) if finite.any() else 0.0
-    return diff / scale if scale > 0 else diff
+from .metrics import max_rel_error, rel_error
+from .onnx_io.probe import run_exposed
+from .validate import run_model
 
 
 def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
@@ -54,11 +34,9 @@ def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict
                                                for t in by_name[o["name"]].input if t in orig_outputs})
     converted_names = {t for n in converted.graph.node for t in n.output}
     tensors = [t for t in tensors if t in converted_names]
-    ref = dict(zip([o.name for o in _expose_all(original, tensors).graph.output],
-                   runner(_expose_all(original, tensors), feeds, label="the FP32 model")))
-    got = dict(zip([o.name for o in _expose_all(converted, tensors).graph.output],
-                   runner(_expose_all(converted, tensors), feeds, label="the converted model")))
-    err = {t: _rel(ref[t], got[t]) for t in tensors if t in ref and t in got
+    ref = run_exposed(original, tensors, feeds, runner, "the FP32 model")
+    got = run_exposed(converted, tensors, feeds, runner, "the converted model")
+    err = {t: rel_error(ref[t], got[t]) for t in tensors if t in ref and t in got
            and np.asarray(ref[t]).dtype.kind == "f"}
     ranked = []
     for o in low_ops:
@@ -89,24 +67,23 @@ def _with_low_producers(names: list[str], model: ModelProto, low: set[str]) -> l
     return out
 
 
-def convert_with_fallback(convert: Callable[..., tuple[ModelProto, Any]], original: ModelProto, feeds: dict,
+def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, feeds: dict,
                           tolerance: float, *, deny_nodes=(), max_rounds: int = 8, progress=None,
                           runner: Callable = run_model):
     """Convert, validate, and deny the worst error-adding ops until the outputs are within ``tolerance``.
 
-    ``convert(deny_nodes=...)`` re-plans the model; ``runner`` runs a model (ONNX Runtime by
-    default; ``validate.run_reference`` rounds exactly like FP16 hardware, slowly).
-    Returns ``(model, report, moved op names)``.
+    ``convert(deny_nodes=...)`` re-plans the model (``convert_onnx`` with its options);
+    ``runner`` runs a model (ONNX Runtime by default; ``validate.run_reference`` rounds
+    exactly like FP16 hardware, slowly). Returns ``(ConvertedModel, moved op names)``.
     """
     denied = list(deny_nodes)
     moved: list[str] = []
-    names = [o.name for o in original.graph.output]
     expected = runner(original, feeds, label="the FP32 model")
     take = 1
     for round_ in range(max_rounds + 1):
-        converted, report = convert(deny_nodes=denied)
-        rows = compare_outputs(names, expected, runner(converted, feeds, label="the converted model"))
-        worst = max((r["max_rel_error"] for r in rows), default=0.0)
+        result = convert(deny_nodes=denied)
+        converted, report = result.model, result.report
+        worst = max_rel_error(expected, runner(converted, feeds, label="the converted model"))
         if progress:
             progress(f"fallback round {round_}: max rel error {worst:.3g} with {len(moved)} ops moved to FP32")
         if worst <= tolerance:
@@ -115,7 +92,7 @@ def convert_with_fallback(convert: Callable[..., tuple[ModelProto, Any]], origin
             for op in report.ops:
                 if op["name"] in moved:
                     op["reason"] = f"fallback: FP16 here added error beyond the {tolerance:g} budget"
-            return converted, report, moved
+            return result, moved
         if round_ == max_rounds:
             break
         candidates = [name for e, name in added_error(original, converted, report, feeds, runner)

@@ -1,4 +1,4 @@
-"""``convert_onnx``: an FP32 ONNX model in, a mixed-precision ONNX model and its report out."""
+"""``convert_onnx``: an FP32 ONNX model in, a ``ConvertedModel`` (mixed-precision model and report) out."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from onnx import ModelProto
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .onnx_io.emitter import emit
-from .onnx_io.files import load_model
+from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -26,15 +26,16 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
                  base_dir: str | os.PathLike | None = None,
-                 deny_propagation: bool = False) -> tuple[ModelProto, Report]:
+                 deny_propagation: bool = False) -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
     path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
     (others take ``default_dim``). ``calibrate=True`` runs the FP32 model once on ONNX
     Runtime (``calibration_inputs``, or seeded random inputs) and keeps in FP32 the ops
-    whose activations would overflow FP16 or be subnormal in it throughout. Returns the
-    converted model and the report.
+    whose activations would overflow FP16 or be subnormal in it throughout. Returns a
+    ``ConvertedModel``: ``result.save(path)``, ``result.model``, ``result.report``, or
+    ``model, report = convert_onnx(...)``.
 
     ``planner`` chooses how the eligible region is labelled:
 
@@ -53,7 +54,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
-    from them are cast while saving, so save the result with ``onnx_io.files.save_model``.
+    from them are cast while ``result.save(path)`` streams them.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
@@ -79,7 +80,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if progress:
         progress("emit")
     converted = emit(imp, result)
-    return converted, build_report(result)  # after emission: the report describes the emitted model
+    # after emission: the report describes the emitted model
+    return ConvertedModel(converted, build_report(result), base_dir)
 
 
 def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
@@ -93,4 +95,41 @@ def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
             graph.tensors[name].calibrated_peak = peak
 
 
-__all__ = ["ConversionError", "convert_onnx"]
+class ConvertedModel:
+    """What ``convert_onnx`` returns: the converted model, its report, and the one call that saves it.
+
+    ``save(path)`` streams the model to disk (weights that stayed in their external-data
+    files are copied or cast chunk by chunk, never held whole). ``model`` is a plain,
+    self-contained ``ModelProto``: on first access deferred casts are computed and weights
+    still in external files are read in (use ``save`` for models too large for that).
+    Unpacks (and indexes) as the pair ``model, report = convert_onnx(...)``.
+    """
+
+    def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None) -> None:
+        self._proto, self.report = proto, report
+        self._base_dir = str(base_dir) if base_dir is not None else None
+
+    @property
+    def model(self) -> ModelProto:
+        """The converted ``ModelProto``; ``onnx.save`` works on it."""
+        if has_external(self._proto):
+            materialize(self._proto, self._base_dir)
+        return self._proto
+
+    def save(self, path: str | os.PathLike, *, external: bool | None = None, protect=(), staging=None) -> Path:
+        """Write the model to ``path`` (and ``path.data`` when it has external data); see ``files.save_model``."""
+        return save_model(self._proto, path, external=external, base_dir=self._base_dir, protect=protect,
+                          staging=staging)
+
+    def __iter__(self):
+        yield self.model
+        yield self.report
+
+    def __getitem__(self, index):
+        return (self.model, self.report)[index]
+
+    def __len__(self) -> int:
+        return 2
+
+
+__all__ = ["ConversionError", "ConvertedModel", "convert_onnx"]

@@ -9,6 +9,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
+from .metrics import error_stats
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
@@ -95,23 +96,14 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
 
 
 def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray]) -> list[dict[str, Any]]:
-    """Per output: max absolute error and max relative error (relative to the output's max magnitude)."""
+    """Per output: max absolute error and max relative error (``metrics.error_stats``)."""
     rows = []
     for name, a, b in zip(names, expected, actual):
-        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        if a64.shape != b64.shape:
-            rows.append({"name": name, "max_abs_error": float("inf"), "max_rel_error": float("inf"),
-                         "note": f"shape {b64.shape} != {a64.shape}"})
-            continue
-        diff = np.abs(a64 - b64)
-        finite = np.isfinite(a64)
-        mismatch_nonfinite = bool(np.any(np.isfinite(b64) != finite))
-        scale = float(np.max(np.abs(a64[finite]))) if finite.any() else 0.0
-        max_abs = float(np.max(diff[finite])) if finite.any() and diff.size else 0.0
-        rel = max_abs / scale if scale > 0 else max_abs
-        if mismatch_nonfinite:
-            max_abs = rel = float("inf")
-        rows.append({"name": name, "max_abs_error": max_abs, "max_rel_error": rel})
+        max_abs, rel = error_stats(a, b)
+        row = {"name": name, "max_abs_error": max_abs, "max_rel_error": rel}
+        if np.shape(a) != np.shape(b):
+            row["note"] = f"shape {np.shape(b)} != {np.shape(a)}"
+        rows.append(row)
     return rows
 
 

@@ -161,11 +161,10 @@ def ort_outputs(model_path: str | os.PathLike, feeds: dict[str, np.ndarray]) -> 
 
 
 def max_rel_error(expected: Sequence[np.ndarray], actual: Sequence[np.ndarray]) -> float:
-    """Worst over outputs of max|actual - fp32| / max|fp32| (inf when non-finite values appear)."""
-    from amp_compiler.validate import compare_outputs
+    """``amp_compiler.metrics.max_rel_error`` (imported late: the runner starts before amp_compiler loads)."""
+    from amp_compiler.metrics import max_rel_error as measure
 
-    rows = compare_outputs([str(i) for i in range(len(expected))], list(expected), list(actual))
-    return max((r["max_rel_error"] for r in rows), default=0.0)
+    return measure(expected, actual)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -215,12 +214,29 @@ def today() -> str:
     return _dt.date.today().isoformat()
 
 
-def git_commit() -> str:
+def git_commit(root: Path = ROOT) -> str:
+    return _git(["rev-parse", "--short", "HEAD"], root) or "unknown"
+
+
+def git_dirty(root: Path = ROOT) -> bool | None:
+    """Whether the tree has uncommitted changes (tracked or new files): then the commit alone does not
+    hold the code that ran. None when git cannot tell."""
+    status = _git(["status", "--porcelain"], root)
+    return None if status is None else bool(status.strip())
+
+
+def _git(args: list[str], root: Path) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def provenance(data: dict[str, Any]) -> str:
+    """'commit abc1234', with 'plus uncommitted changes' when the tree was dirty, for table captions."""
+    dirty = {True: " plus uncommitted changes", None: " (tree state unknown)"}.get(data.get("dirty"), "")
+    return f"commit {data.get('commit', 'unknown')}{dirty}"
 
 
 # --------------------------------------------------------------------------- output
@@ -241,12 +257,10 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str |
 
 
 def write_json(name: str, data: Any, results_dir: Path = RESULTS_DIR) -> Path:
+    from amp_compiler.atomic import atomic_write
+
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / name
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(results_dir / name, (json.dumps(data, indent=1, default=_json_default) + "\n").encode())
 
 
 def _json_default(obj: Any) -> Any:
@@ -258,8 +272,10 @@ def _json_default(obj: Any) -> Any:
 
 
 def run_header(module: str, argv: Sequence[str], packages: Iterable[str] | None = None) -> dict[str, Any]:
-    """What every results file starts with: the command that reproduces it, date, commit, machine, versions."""
+    """What every results file starts with: the command that reproduces it, date, commit (and whether the tree
+    had uncommitted changes), machine, versions."""
     return {"command": " ".join([f"python -m benchmarks.{module}", *argv]), "date": today(), "commit": git_commit(),
+            "dirty": git_dirty(),
             "machine": machine_info(), "versions": versions(*([packages] if packages is not None else []))}
 
 

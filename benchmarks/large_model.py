@@ -127,7 +127,9 @@ def verify(inp: Path, out: Path, dim: int) -> float:
     opts.log_severity_level = 3
     ref = ort.InferenceSession(str(inp), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    return float(np.max(np.abs(ref.astype(np.float64) - got)) / max(np.max(np.abs(ref)), 1e-30))
+    from benchmarks.common import max_rel_error
+
+    return max_rel_error([ref], [got])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +214,7 @@ def _record(figures: dict, argv: list[str] | None, no_readme: bool) -> None:
     if "max_rel_error" in figures:
         rows.append(["max rel. error vs FP32 (ONNX Runtime)", f"{figures['max_rel_error']:.1e}"])
     m = data["machine"]
-    md = (f"{data['date']}, commit {data['commit']}, {m['cpu']} ({m['cores']} cores, {m['ram_gb']} GB), "
+    md = (f"{data['date']}, {common.provenance(data)}, {m['cpu']} ({m['cores']} cores, {m['ram_gb']} GB), "
           f"`{data['command']}`\n\n" + common.md_table(["", "measured"], rows, align="ll"))
     common.publish("large_model.json", "large-model-table", data, md, not no_readme)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -76,26 +75,15 @@ class MeasuredProfile:
         }
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write atomically (temp file in the same folder, then ``os.replace``); returns the path.
+        """Write atomically (``amp_compiler.atomic.atomic_write``, the one writer); returns the path.
 
         ``path`` defaults to :func:`default_profile_path` of this profile's device.
         """
+        from amp_compiler.atomic import atomic_write  # late: cost_model imports on its own
+
         path = Path(path) if path is not None else default_profile_path(self.device)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(path, (json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n").encode("utf-8"))
         return path
 
     @classmethod

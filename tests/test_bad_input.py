@@ -36,7 +36,9 @@ from onnx import numpy_helper as nh
 
 from amp_compiler import cli
 from amp_compiler.errors import ConversionError
+from amp_compiler.metrics import max_rel_error
 from amp_compiler.onnx_io import files
+from amp_compiler.onnx_io import save as saving
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -147,16 +149,6 @@ def assert_refused(capsys, inp: Path | str, message: str, *, out: Path, extra=()
         assert leftovers(out.parent) == []
         assert (out.parent / files.external_data_name(out)).exists() == data_existed
     assert snapshot(*watched) == before
-
-
-def max_rel_error(expected: list[np.ndarray], actual: list[np.ndarray]) -> float:
-    worst = 0.0
-    for a, b in zip(expected, actual):
-        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        assert a64.shape == b64.shape
-        assert np.isfinite(b64).all() == np.isfinite(a64).all()
-        worst = max(worst, float(np.max(np.abs(a64 - b64)) / max(np.max(np.abs(a64)), 1e-30)))
-    return worst
 
 
 def ort_run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -325,6 +317,91 @@ def test_external_data_outside_the_model_folder_is_refused_and_never_read(tmp_pa
     assert snapshot(secret) == secret_before
 
 
+def test_converted_model_with_external_data_saves_with_the_documented_call(tmp_path):
+    """``convert_onnx(...).save(path)`` streams the deferred casts; ``.model`` is a plain ModelProto
+    that ``onnx.save`` writes correctly; both run on ONNX Runtime within tolerance of FP32."""
+    from amp_compiler.onnx_api import convert_onnx
+
+    inp = save_external(deep_mlp(4), tmp_path / "m" / "model.onnx")
+    result = convert_onnx(files.load_model(inp, external_data="lazy"), source=str(inp), base_dir=inp.parent,
+                          deny_nodes=["mm0"])  # W0 stays FP32, in its file; W1..W3 are deferred casts
+    assert files.has_deferred(result._proto)  # the trap: casts only a streaming save resolves
+    (tmp_path / "out").mkdir()
+    saved = result.save(tmp_path / "out" / "streamed.onnx")
+    model, report = result
+    assert report is result.report and not files.has_external(model)
+    plain = tmp_path / "out" / "plain.onnx"
+    onnx.save(model, str(plain))
+    feeds = x_feed()
+    ref = ort_run(inp, feeds)
+    precision = {op["name"]: op["precision"] for op in report.ops if op["op_type"] == "MatMul"}
+    assert precision == {"mm0": "float32", "mm1": "float16", "mm2": "float16", "mm3": "float16"}
+    for path in (saved, plain):
+        assert max_rel_error(ref, ort_run(path, feeds)) < 1e-2
+
+
+# == a failed run leaves nothing behind ==============================================================
+
+def _assert_nothing_published(status: int, err: list[str], folder: Path, expected: str) -> None:
+    assert status == 2 and len(err) == 1 and err[0].startswith("amp-compile: error: "), err
+    assert expected in err[0], err
+    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx"]  # no output, report, .data or staging
+
+
+@pytest.mark.parametrize("option", ["--validate", "--fallback"])
+def test_evaluator_error_on_the_fp32_model_leaves_no_output(tmp_path, capsys, option):
+    """--runtime reference cannot run a com.microsoft op: exit 2, and neither model nor report is left."""
+    inp = save(mlp(middle=("Gelu", "com.microsoft"), domains=["com.microsoft"]), tmp_path / "model.onnx")
+    status, err = run_cli([inp, "-o", tmp_path / "out.onnx", option, "--runtime", "reference", "--planner", "all",
+                           "--report", tmp_path / "r.json", "-q"], capsys)
+    _assert_nothing_published(status, err, tmp_path, "the FP32 model: reference evaluator: Node type 'Gelu'")
+
+
+def test_calibration_failure_leaves_no_output(tmp_path, capsys):
+    inp = save(mlp(middle=("NoSuchOp", "com.example"), domains=["com.example"]), tmp_path / "model.onnx")
+    status, err = run_cli([inp, "-o", tmp_path / "out.onnx", "--calibrate", "--report", tmp_path / "r.html", "-q"],
+                          capsys)
+    _assert_nothing_published(status, err, tmp_path, "calibration run of the FP32 model: ONNX Runtime:")
+
+
+def test_report_write_failure_leaves_no_model(tmp_path, capsys, monkeypatch):
+    from amp_compiler.atomic import Staging
+
+    real = Staging.write_bytes
+
+    def full_disk(self, dest, content):
+        if str(dest).endswith(".json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, dest, content)
+
+    monkeypatch.setattr(Staging, "write_bytes", full_disk)
+    inp = save(mlp(), tmp_path / "model.onnx")
+    status, err = run_cli([inp, "-o", tmp_path / "out.onnx", "--report", tmp_path / "r.txt",
+                           "--report", tmp_path / "r.json", "-q"], capsys)
+    _assert_nothing_published(status, err, tmp_path, "No space left on device")
+
+
+def test_validation_above_tolerance_writes_the_reports_but_not_the_model(tmp_path, capsys):
+    inp = save(mlp(), tmp_path / "model.onnx")
+    report = tmp_path / "r.json"
+    status, err = run_cli([inp, "-o", tmp_path / "out.onnx", "--validate", "--tolerance", "0", "--planner", "all",
+                           "--report", report, "-q"], capsys)
+    assert status == 1 and "no model written" in err[-1], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "r.json"]
+    assert json.loads(report.read_text())["validation"]["passed"] is False
+
+
+def test_published_files_get_the_mode_a_plain_open_gives(tmp_path, capsys):
+    """One writer for model, external data and reports: 0666 less the umask, like open()."""
+    inp = save(mlp(), tmp_path / "m" / "model.onnx")
+    out, report = tmp_path / "out.onnx", tmp_path / "r.html"
+    status, err = run_cli([inp, "-o", out, "--report", report, "-q"], capsys)
+    assert status == 0, err
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {oct(p.stat().st_mode & 0o777) for p in (out, report)} == {oct(0o666 & ~mask)}
+
+
 # == models over 2 GB: external data in and out, streamed ===========================================
 
 def _threshold(monkeypatch, nbytes: int) -> None:
@@ -381,7 +458,7 @@ def test_lazy_conversion_holds_no_weight_in_memory(tmp_path):
 
     inp = save_external(deep_mlp(), tmp_path / "m" / "model.onnx")
     lazy = files.load_model(inp, external_data="lazy")
-    converted, _ = convert_onnx(lazy, source=str(inp), base_dir=inp.parent)
+    converted = convert_onnx(lazy, source=str(inp), base_dir=inp.parent)._proto  # white box: before any save
     assert converted.ByteSize() < 64 << 10
     deferred = [t for t in converted.graph.initializer if files.is_external(t)]
     assert len(deferred) == 12 and all(t.data_type == TP.FLOAT16 for t in deferred)
@@ -407,8 +484,8 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, capsys, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kwargs)
 
-    real = files._DataWriter._write_cast
-    monkeypatch.setattr(files._DataWriter, "_write_cast", full_disk)
+    real = saving._DataWriter._write_cast
+    monkeypatch.setattr(saving._DataWriter, "_write_cast", full_disk)
     assert_refused(capsys, inp, f"{out}: cannot write the output: No space left on device", out=out)
     assert list(out.parent.iterdir()) == []
 

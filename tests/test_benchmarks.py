@@ -216,6 +216,32 @@ def test_gpu_calibration_code_runs_on_the_cpu_provider() -> None:
     assert result["entries"] > 10 and result["not_measured"] <= result["entries"] // 4, result["failures"]
 
 
+def test_results_record_the_commit_and_uncommitted_changes(tmp_path: Path) -> None:
+    """A table stamped with a commit says when the code that made it was not all in that commit."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "a")
+    head = git("rev-parse", "--short", "HEAD")
+    assert (common.git_commit(tmp_path), common.git_dirty(tmp_path)) == (head, False)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert common.git_dirty(tmp_path) is True
+    git("checkout", "-q", "a.py")
+    (tmp_path / "b.py").write_text("y = 1\n")  # a new module runs too
+    assert common.git_dirty(tmp_path) is True
+    assert common.git_dirty(tmp_path / "missing") is None
+    assert common.provenance({"commit": head, "dirty": True}) == f"commit {head} plus uncommitted changes"
+    assert common.provenance({"commit": head, "dirty": False}) == f"commit {head}"
+    header = common.run_header("x", [], packages=())
+    assert header["commit"] == common.git_commit() and header["dirty"] == common.git_dirty()
+
+
 def test_markdown_table_and_readme_section(tmp_path: Path) -> None:
     text = common.md_table(["a", "b"], [["x|y", 1.5]])
     assert text.splitlines()[0].startswith("| a") and "x\\|y" in text

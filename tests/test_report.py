@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from amp_compiler import atomic
 from amp_compiler import report as report_mod
 from amp_compiler.report import SCHEMA_VERSION, Report
 
@@ -146,8 +147,10 @@ def test_text_counts_per_class():
     assert table["deny"] == ["2", "0", "2", "0"]
     assert table["unknown"] == ["1", "0", "1", "0"]
     assert table["total"] == ["8", "3", "4", "1"]
-    # summary derived from ops when the dict has none
-    assert "8 (3 FP16, 4 FP32)" in text
+    # one summary derivation (plan_report.build_report): the renderer shows it, never recomputes it
+    assert "— (— FP16, — FP32)" in text
+    with_summary = Report({"ops": ops, "summary": {"nodes": 9, "fp16_nodes": 5, "fp32_nodes": 4}}).to_text()
+    assert "9 (5 FP16, 4 FP32)" in with_summary
 
 
 @pytest.mark.parametrize("n_fp32,max_rows", [(100, 10), (61, 60), (7, 0)])
@@ -356,7 +359,7 @@ def test_save_failure_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report_mod.os, "replace", boom)
+    monkeypatch.setattr(atomic.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         Report(make_report(3)).save(p)
     assert p.read_text(encoding="utf-8") == "old"
@@ -369,6 +372,16 @@ def test_save_overwrites_atomically(tmp_path):
     Report(make_report(3)).save(str(p))
     assert json.loads(p.read_text(encoding="utf-8"))["source"] == "model.onnx"
     assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_html_extra_sections_come_after_the_standard_ones_in_order():
+    r = Report(make_report())
+    r.html_sections.append(("Graph <view>", '<svg id="graph"></svg>'))
+    page = r.to_html(sections=[("More", '<p id="more">x</p>')])
+    graph, more = page.index('<svg id="graph">'), page.index('<p id="more">')
+    assert page.index('id="validation"') < graph < more < page.index("</main>")
+    assert "<h2>Graph &lt;view&gt;</h2>" in page       # the title is escaped, the content is not
+    assert '<svg id="graph">' not in Report(make_report()).to_html()
 
 
 # ----------------------------------------------------------------------------- units

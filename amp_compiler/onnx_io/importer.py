@@ -26,7 +26,7 @@ from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PrecisionGraph, Tensor
 from ..numerics import ValueStats, stats_of
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
-from .files import iter_chunks
+from .tensors import iter_chunks
 from .schemas import port_groups
 from .validation import infer_types, validate_model
 

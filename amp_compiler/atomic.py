@@ -1,0 +1,105 @@
+"""The one atomic writer: files are staged next to their destination and published together.
+
+``Staging`` hands out a path in a hidden folder beside each destination
+(``.<name>.<random>.tmp/<name>``, same filesystem, so a rename moves it); code
+writes there as it would to the destination (a model's ``.data`` file next to
+its ``.onnx``, relative locations and all), checks may run the staged files, and
+``publish()`` renames them into place only at the end. Anything not published
+(an error, an interrupt, a failed check) is removed: a failed run leaves
+nothing. Staged files are created like a plain ``open()`` would create them
+(mode 0666 less the umask), whoever writes them. See docs/architecture.md,
+"Input handling".
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["Staging", "atomic_write"]
+
+
+class Staging:
+    """Destination files written to a hidden staging folder, moved into place by ``publish``.
+
+    Use as a context manager: leaving the block removes whatever was not published.
+    """
+
+    def __init__(self) -> None:
+        self._dirs: dict[Path, Path] = {}      # destination folder -> its staging folder
+        self._files: dict[Path, Path] = {}     # destination -> staged path, in staging order
+
+    def path(self, dest: str | os.PathLike) -> Path:
+        """Where to write ``dest`` until it is published (the same file name, in a staging folder)."""
+        dest = Path(os.path.abspath(dest))
+        if dest in self._files:
+            return self._files[dest]
+        folder = self._dirs.get(dest.parent)
+        if folder is None:
+            folder = _make_dir(dest.parent, dest.name)
+            self._dirs[dest.parent] = folder
+        staged = folder / dest.name
+        self._files[dest] = staged
+        return staged
+
+    def write_bytes(self, dest: str | os.PathLike, content: bytes) -> Path:
+        """Stage ``content`` for ``dest``, flushed to disk; returns the staged path."""
+        staged = self.path(dest)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        return staged
+
+    def publish(self, only: Iterable[str | os.PathLike] | None = None) -> list[Path]:
+        """Rename the staged files (all, or the destinations in ``only``) into place, in staging order.
+
+        A model's data file is staged before its ``.onnx`` file, so a reader never sees a
+        new model over old data. Returns the published destinations.
+        """
+        wanted = None if only is None else {Path(os.path.abspath(p)) for p in only}
+        done = []
+        for dest, staged in list(self._files.items()):
+            if wanted is not None and dest not in wanted:
+                continue
+            if staged.exists():
+                os.replace(staged, dest)
+                done.append(dest)
+            del self._files[dest]
+        return done
+
+    def discard(self) -> None:
+        """Remove every staging folder and what is still in it."""
+        for folder in self._dirs.values():
+            shutil.rmtree(folder, ignore_errors=True)
+        self._dirs.clear()
+        self._files.clear()
+
+    def __enter__(self) -> "Staging":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+
+def atomic_write(path: str | os.PathLike, content: bytes) -> Path:
+    """Write ``content`` to ``path`` atomically: readers see the old file or the whole new one."""
+    with Staging() as staging:
+        staging.write_bytes(path, content)
+        staging.publish()
+    return Path(path)
+
+
+def _make_dir(parent: Path, name: str) -> Path:
+    for _ in range(100):
+        folder = parent / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return folder
+    raise FileExistsError(f"could not create a staging folder next to {parent / name}")  # pragma: no cover

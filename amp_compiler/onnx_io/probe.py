@@ -1,0 +1,29 @@
+"""Run a model with chosen intermediate tensors exposed as graph outputs.
+
+Calibration (the FP32 value ranges) and the fallback (the error each op adds) both
+need every float tensor of a run, not only the graph outputs (docs/architecture.md,
+"Numerics").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+from onnx import ModelProto, helper
+
+
+def run_exposed(model: ModelProto, names: Iterable[str], feeds: dict[str, np.ndarray], runner: Callable,
+                label: str) -> dict[str, np.ndarray]:
+    """Values by name of the graph outputs and ``names`` after one run of ``model`` (left unmodified).
+
+    ``runner(model, feeds, label=...)`` runs it (``validate.run_model`` or ``run_reference``).
+    """
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in have:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+            have.add(name)
+    return dict(zip([o.name for o in probe.graph.output], runner(probe, feeds, label=label)))

@@ -1,0 +1,77 @@
+"""Skeleton copies of a model: every tensor's data left out or pointed elsewhere, nothing large copied.
+
+Used to write a model's ``.onnx`` file apart from its external data, and to run onnx's
+checker and shape inference on a model without its weights (docs/architecture.md,
+"Input handling").
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from onnx import AttributeProto, ModelProto, TensorProto
+
+from .tensors import DATA_FIELDS
+from .wire import is_repeated
+
+#: message types that may contain tensors; the copy walks into them, copies everything else whole
+_CONTAINERS = frozenset({"onnx.ModelProto", "onnx.GraphProto", "onnx.NodeProto", "onnx.AttributeProto",
+                         "onnx.FunctionProto", "onnx.TrainingInfoProto", "onnx.SparseTensorProto"})
+_PAYLOAD_ATTRS = frozenset({AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.GRAPH,
+                            AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS})
+TensorHook = Callable[[TensorProto], "list[tuple[str, str]] | None"]
+
+
+def skeleton_copy(model: ModelProto, hook: TensorHook) -> ModelProto:
+    """A copy of ``model`` in which each tensor for which ``hook`` returns entries is external, without data.
+
+    Tensors ``hook`` answers None for are copied as they are. Nothing large is copied.
+    """
+    out = ModelProto()
+    _copy_message(model, out, hook)
+    return out
+
+
+def _copy_message(src, dst, hook: TensorHook) -> None:
+    for fd, value in src.ListFields():
+        mt = fd.message_type
+        repeated = is_repeated(fd)
+        if mt is None:
+            if repeated:
+                getattr(dst, fd.name).extend(value)
+            else:
+                setattr(dst, fd.name, value)
+        elif mt.full_name == "onnx.TensorProto":
+            for t in (value if repeated else [value]):
+                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook)
+        elif mt.full_name in _CONTAINERS:
+            for m in (value if repeated else [value]):
+                sub = getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name)
+                if mt.full_name == "onnx.NodeProto" and not any(a.type in _PAYLOAD_ATTRS for a in m.attribute):
+                    sub.CopyFrom(m)
+                else:
+                    _copy_message(m, sub, hook)
+        elif repeated:
+            getattr(dst, fd.name).extend(value)
+        else:
+            getattr(dst, fd.name).CopyFrom(value)
+
+
+def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook) -> None:
+    entries = hook(src)
+    if entries is None:
+        dst.CopyFrom(src)
+        return
+    for fd, value in src.ListFields():
+        if fd.name in DATA_FIELDS or fd.name in ("external_data", "data_location"):
+            continue
+        if is_repeated(fd):
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    dst.data_location = TensorProto.EXTERNAL
+    for key, value in entries:
+        entry = dst.external_data.add()
+        entry.key, entry.value = key, value

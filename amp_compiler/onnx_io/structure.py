@@ -1,0 +1,215 @@
+"""Structural checks of an ONNX model: SSA names, dangling inputs, cycles, node order; graph walking.
+
+Per graph and subgraph: unique value names (a name reused by a sibling subgraph is
+renamed, which ONNX allows and the IR does not), every input produced by a node, a
+graph input or an initializer of the graph or an enclosing one, graph outputs
+produced, no cycles. A graph whose nodes are out of topological order but acyclic is
+sorted (ONNX Runtime accepts such graphs too). docs/architecture.md, "Input handling".
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
+
+from ..errors import ConversionError
+from .order import replace_nodes, stable_topological_order
+
+
+def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH or a.HasField("g"):
+            yield a.g
+        yield from a.graphs
+
+
+def node_label(node: NodeProto, idx: int) -> str:
+    return f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
+
+
+def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> None:
+    """SSA names, no dangling inputs, graph outputs produced, no cycles; sorts acyclic out-of-order graphs."""
+    _check_text(model, source)
+    functions = {(f.domain, f.name) for f in model.functions}
+    _Structure(source, opsets, functions).graph(model.graph, frozenset(), "")
+
+
+def _check_text(model: ModelProto, source: str) -> None:
+    """Names must be valid UTF-8: protobuf hands invalid ones to Python as bytes, and onnx chokes on them."""
+
+    def bad(value) -> bool:
+        return not isinstance(value, str)
+
+    for o in model.opset_import:
+        if bad(o.domain):
+            raise ConversionError(source, "opset_import", f"domain {o.domain!r} is not valid UTF-8")
+    for g, path in graphs(model.graph, ""):
+        where_g = f" of subgraph {path}" if path else ""
+        for kind, seq in (("graph input", g.input), ("graph output", g.output), ("value_info", g.value_info),
+                          ("initializer", g.initializer)):
+            for item in seq:
+                if bad(item.name):
+                    raise ConversionError(source, f"{kind} {item.name!r}{where_g}", "its name is not valid UTF-8")
+        for idx, node in enumerate(g.node):
+            texts = [node.name, node.op_type, node.domain, *node.input, *node.output,
+                     *(a.name for a in node.attribute)]
+            if any(bad(t) for t in texts):
+                label = f"node #{idx}" + (f" ({node.op_type})" if isinstance(node.op_type, str) else "")
+                raise ConversionError(source, label + where_g, "a name, op type, domain or attribute name is not "
+                                                                "valid UTF-8")
+
+
+class _Structure:
+    def __init__(self, source: str, opsets: dict[str, int], functions: set) -> None:
+        self.source, self.opsets, self.functions = source, opsets, functions
+        self.seen: set[str] = set()  # every name defined so far, in any scope (for sibling renames)
+        self.fresh = 0
+
+    def graph(self, g: GraphProto, outer: frozenset[str], path: str) -> set[str]:
+        """Check ``g`` (names in ``outer`` are visible from enclosing graphs); returns the outer names it uses."""
+        where_g = f"subgraph {path}" if path else "the main graph"
+        self._rename_sibling_clashes(g, outer)
+        defined: dict[str, str] = {}  # name -> what defines it
+
+        def define(name: str, what: str) -> None:
+            if not name:
+                return
+            if name in outer:
+                raise ConversionError(self.source, f"tensor {name!r}", f"defined by {what} in {where_g} shadows a "
+                                                                       "value of an enclosing graph; ONNX names "
+                                                                       "must be unique (SSA)")
+            if name in defined:
+                raise ConversionError(self.source, f"tensor {name!r}", f"defined twice in {where_g}: by "
+                                                                       f"{defined[name]} and by {what}; ONNX names "
+                                                                       "must be unique (SSA)")
+            defined[name] = what
+
+        initializers = set()
+        for t in g.initializer:
+            if not t.name:
+                raise ConversionError(self.source, where_g, "an initializer has no name")
+            if t.name in initializers:
+                raise ConversionError(self.source, f"initializer {t.name!r}", f"defined twice in {where_g}")
+            initializers.add(t.name)
+            define(t.name, "an initializer")
+        for s in g.sparse_initializer:
+            define(s.values.name, "a sparse initializer")
+        for inp in g.input:
+            if not inp.name:
+                raise ConversionError(self.source, where_g, "a graph input has no name")
+            if inp.name not in initializers:  # IR < 4 lists initializers among the inputs as well
+                define(inp.name, "a graph input")
+        producer: dict[str, int] = {}
+        for idx, node in enumerate(g.node):
+            for out in node.output:
+                define(out, node_label(node, idx))
+                if out:
+                    producer[out] = idx
+        visible = outer | frozenset(defined)
+        free: set[str] = set()
+        deps: list[set[int]] = []
+        for idx, node in enumerate(g.node):
+            label = node_label(node, idx) + (f" in {where_g}" if path else "")
+            self._check_domain(node, label)
+            uses = {n for n in node.input if n}
+            for n in uses:
+                if n not in visible:
+                    raise ConversionError(self.source, label, f"input {n!r} is not produced by any node, graph input "
+                                                              "or initializer")
+            for a in node.attribute:
+                subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+                for k, sub in enumerate(subs):
+                    sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
+                               (f"[{k}]" if len(subs) > 1 else "")
+                    uses |= self.graph(sub, visible, sub_path)
+            mine = set()
+            for n in uses:
+                if n in producer:
+                    mine.add(producer[n])
+                elif n not in defined:
+                    free.add(n)
+            deps.append(mine)
+        for out in g.output:
+            if not out.name or out.name not in visible:
+                raise ConversionError(self.source, f"graph output {out.name!r}" + (f" of {where_g}" if path else ""),
+                                      "is not produced by any node, graph input or initializer")
+            if out.name not in defined:
+                free.add(out.name)
+        self._sort(g, deps, path)
+        self.seen.update(defined)
+        return free
+
+    def _check_domain(self, node: NodeProto, label: str) -> None:
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if domain not in self.opsets:
+            what = "the domain of a model function" if (node.domain, node.op_type) in self.functions else "domain"
+            raise ConversionError(self.source, label, f"{what} {node.domain!r} has no opset_import entry")
+
+    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> None:
+        if all(d < i for i, ds in enumerate(deps) for d in ds):
+            return
+        order, stuck = stable_topological_order(deps)
+        if stuck:
+            cycle = _find_cycle(deps, stuck)
+            names = [g.node[i].name or f"#{i}" for i in cycle]
+            first = g.node[cycle[0]]
+            raise ConversionError(self.source, node_label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
+                                  f"the graph has a cycle: {' -> '.join(names + names[:1])}")
+        replace_nodes(g, [g.node[i] for i in order])
+
+    def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str]) -> None:
+        """Names this subgraph defines that another, non-enclosing graph already defined get fresh names."""
+        local = [t.name for t in g.initializer] + [i.name for i in g.input] + \
+                [o for n in g.node for o in n.output if o]
+        clashes = {n for n in local if n in self.seen and n not in outer}
+        for old in clashes:
+            new = old
+            while new in self.seen or new in outer or new in local:
+                self.fresh += 1
+                new = f"{old}__{self.fresh}"
+            _rename(g, old, new)
+
+
+def _rename(g: GraphProto, old: str, new: str) -> None:
+    """Rename value ``old`` to ``new`` everywhere in ``g`` and the subgraphs that capture it."""
+    for seq in (g.input, g.output, g.value_info, g.initializer):
+        for item in seq:
+            if item.name == old:
+                item.name = new
+    for s in g.sparse_initializer:
+        if s.values.name == old:
+            s.values.name = new
+    for node in g.node:
+        for i, n in enumerate(node.input):
+            if n == old:
+                node.input[i] = new
+        for i, n in enumerate(node.output):
+            if n == old:
+                node.output[i] = new
+        for sub in subgraphs(node):
+            _rename(sub, old, new)
+
+
+def _find_cycle(deps: list[set[int]], stuck: set[int]) -> list[int]:
+    """One cycle among the nodes that topological sorting could not place, in execution order."""
+    start = min(stuck)
+    path, index, node = [], {}, start
+    while node not in index:
+        index[node] = len(path)
+        path.append(node)
+        node = min(d for d in deps[node] if d in stuck)  # every stuck node waits on a stuck node
+    cycle = list(reversed(path[index[node]:]))
+    first = cycle.index(min(cycle))
+    return cycle[first:] + cycle[:first]
+
+
+
+def graphs(g: GraphProto, path: str) -> Iterator[tuple[GraphProto, str]]:
+    yield g, path
+    for idx, node in enumerate(g.node):
+        for a in node.attribute:
+            subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+            for sub in subs:
+                yield from graphs(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}")
+

@@ -1,0 +1,158 @@
+"""The terminal rendering of a report: summary, ops by class, FP32 ops, casts, passes, alignment, validation.
+
+At most 120 columns; long tables are cut at ``max_rows`` rows with a "… N more" line.
+docs/architecture.md, "Report".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping
+
+from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
+                         fmt_time, num, plural, short_dtype)
+from .schema import PRECISION_LABEL
+from .text_table import INDENT, TEXT_WIDTH, Col, cut, display_width, heading, more_line, table, trunc_end
+
+
+def render_text(report, max_rows: int | None = 60) -> str:
+    """``report`` (a ``Report``) as terminal text; tables cut at ``max_rows`` rows (None: never)."""
+    if max_rows is not None and max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0 or None, got {max_rows}")
+    W = TEXT_WIDTH
+    s = report.summary
+    out: list[str] = []
+
+    # header
+    title = trunc_end(clean(report.title()), W)
+    out += [title, "═" * display_width(title)]
+    out.append(trunc_end(
+        f"target {clean(s.get('target') or '—')} · dtype {clean(s.get('dtype') or '—')}"
+        f" · planner {clean(s.get('planner') or '—')}", W))
+
+    # summary
+    out += heading("Summary")
+    nodes = s.get("nodes")
+    fp16, fp32 = s.get("fp16_nodes"), s.get("fp32_nodes")
+    red_label = PRECISION_LABEL.get(clean(s.get("dtype")), "FP16")
+    rows = [("nodes", f"{fmt_count(nodes)} ({fmt_count(fp16)} {red_label}, "
+                      f"{fmt_count(fp32)} FP32)")]
+    rows.append(("casts", f"{fmt_count(s.get('casts'))} "
+                          f"({fmt_bytes(s.get('cast_bytes'))} converted)"))
+    frac, gemm = s.get("fp16_gemm_flop_fraction"), s.get("gemm_flops")
+    rows.append(("tensor cores", f"{fmt_pct(frac)} of GEMM/conv FLOPs"
+                                 + (f" ({fmt_flops(gemm)})" if gemm is not None else "")))
+    rows.append(("predicted time",
+                 f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · "
+                 f"mixed {fmt_time(s.get('predicted_time_mixed_s'))} · "
+                 f"all-FP16 {fmt_time(s.get('predicted_time_all_fp16_s'))}"))
+    vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
+    rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
+                             f"{fmt_speedup(vs_fp16)} of all-FP16"))
+    unknown = s.get("unknown_ops")
+    if unknown:
+        names = unknown if isinstance(unknown, list) else [unknown]
+        rows.append(("unknown ops", ", ".join(clean(n) for n in names) + " (kept FP32)"))
+    lw = max(len(k) for k, _ in rows)
+    out += [trunc_end(f"{INDENT}{k:<{lw}}  {v}", W) for k, v in rows]
+
+    # ops by class
+    counts = report.class_counts()
+    precs = report.precisions(counts)
+    out += heading("Ops by class")
+    cols = [Col("class", trunc="end"), Col("ops", "r")]
+    cols += [Col(PRECISION_LABEL.get(p, p), "r", trunc="end") for p in precs]
+    trows = []
+    for cls, c in counts.items():
+        trows.append([cls, fmt_count(sum(c.values()))] + [fmt_count(c[p]) for p in precs])
+    total = Counter()
+    for c in counts.values():
+        total.update(c)
+    trows.append(["total", fmt_count(sum(total.values()))] + [fmt_count(total[p]) for p in precs])
+    out += table(cols, trows)
+
+    # FP32 ops
+    fp32_ops = report.fp32_ops
+    out += heading(f"Ops kept in FP32 ({len(fp32_ops):,} of {len(report.ops):,})")
+    if fp32_ops:
+        shown, more = cut(fp32_ops, max_rows)
+        cols = [Col("name", trunc="middle", min_width=16), Col("op_type", trunc="end"),
+                Col("class", trunc="end"), Col("reason", trunc="end", min_width=20)]
+        out += table(cols, [[op.get("name"), op.get("op_type"), op.get("class") or "unknown",
+                              op.get("reason")] for op in shown])
+        if more:
+            out.append(more_line(more))
+    else:
+        out.append(f"{INDENT}none")
+
+    # casts
+    casts = report.casts
+    out += heading(f"Casts ({len(casts):,}, {fmt_bytes(s.get('cast_bytes'))})")
+    if casts:
+        shown, more = cut(casts, max_rows)
+        cols = [Col("name", trunc="middle", min_width=16), Col("tensor", trunc="middle"),
+                Col("from → to", trunc="end"), Col("bytes", "r"),
+                Col("reason", trunc="end", min_width=20)]
+        out += table(cols, [[c.get("name"), c.get("tensor"),
+                              f"{short_dtype(c.get('from'))} → {short_dtype(c.get('to'))}",
+                              fmt_bytes(c.get("bytes")), c.get("reason")] for c in shown])
+        if more:
+            out.append(more_line(more))
+    else:
+        out.append(f"{INDENT}none")
+
+    # passes
+    passes = report.passes
+    tot = sum(v for v in (num(p.get("time_s")) for p in passes) if v is not None)
+    out += heading(f"Passes ({len(passes):,}, {fmt_time(tot) if passes else '—'})")
+    if passes:
+        shown, more = cut(passes, max_rows)
+        cols = [Col("pass", trunc="end"), Col("time", "r"), Col("changed"),
+                Col("details", trunc="end", min_width=20)]
+        out += table(cols, [[p.get("name"), fmt_time(p.get("time_s")),
+                              fmt_bool(p.get("changed")), p.get("details")] for p in shown])
+        if more:
+            out.append(more_line(more))
+    else:
+        out.append(f"{INDENT}none")
+
+    # alignment (optional)
+    if "alignment" in report.data:
+        align = report.alignment
+        out += heading(f"Tensor-core alignment ({plural(len(align), 'warning')})")
+        if align:
+            shown, more = cut(align, max_rows)
+            cols = [Col("op", trunc="middle", min_width=16),
+                    Col("message", trunc="end", min_width=20)]
+            out += table(cols, [[a.get("op"), a.get("message")] for a in shown])
+            if more:
+                out.append(more_line(more))
+        else:
+            out.append(f"{INDENT}all GEMM/conv dimensions aligned")
+
+    # validation (optional)
+    val = report.validation
+    if val is not None:
+        status = {True: "PASSED", False: "FAILED"}.get(val.get("passed"), "—")
+        out += heading(f"Validation: {status} (tolerance {fmt_sci(val.get('tolerance'))})")
+        outputs = val.get("outputs") if isinstance(val.get("outputs"), list) else []
+        if outputs:
+            shown, more = cut(outputs, max_rows)
+            has_pass = any(isinstance(o, Mapping) and "passed" in o for o in shown)
+            cols = [Col("output", trunc="middle", min_width=16), Col("max abs err", "r"),
+                    Col("max rel err", "r")] + ([Col("ok")] if has_pass else [])
+            trows = []
+            for o in shown:
+                o = o if isinstance(o, Mapping) else {"name": o}
+                r = [o.get("name"), fmt_sci(o.get("max_abs_error")),
+                     fmt_sci(o.get("max_rel_error"))]
+                if has_pass:
+                    r.append(fmt_bool(o.get("passed"), "ok", "FAIL"))
+                trows.append(r)
+            out += table(cols, trows)
+            if more:
+                out.append(more_line(more))
+        else:
+            out.append(f"{INDENT}no outputs compared")
+
+    return "\n".join(trunc_end(line, W) for line in out) + "\n"
