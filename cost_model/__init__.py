@@ -1,6 +1,6 @@
 """Cost model for amp-compiler: device specs, a roofline op-time model and measured profiles."""
 
-from .devices import DEFAULT_DEVICE, DEVICES, DeviceSpec, get_device
+from .devices import DEFAULT_DEVICE, DEVICES, DeviceFileError, DeviceSpec, device_from_dict, get_device, load_device
 from .dtypes import canonical_dtype, itemsize
 from .measured import MeasuredProfile, default_profile_path
 from .roofline import Roofline, tensor_core_aligned
@@ -10,6 +10,9 @@ __all__ = [
     "DEVICES",
     "DEFAULT_DEVICE",
     "get_device",
+    "load_device",
+    "device_from_dict",
+    "DeviceFileError",
     "Roofline",
     "MeasuredProfile",
     "itemsize",
