@@ -275,12 +275,15 @@ def device_from_dict(data: object, source: str = "device") -> DeviceSpec:
     for key in _REQUIRED:
         if key not in data:
             raise DeviceFileError(source, key, "missing (required: " + ", ".join(_REQUIRED) + ")")
-    values: dict[str, object] = {}
-    for key in sorted(known - {"name", "source"}):
-        value = data.get(key, data.get(_DEFAULTS.get(key, ""), _DEFAULT_LAUNCH_US))
+    values: dict[str, float] = {"launch_overhead_us": _DEFAULT_LAUNCH_US}
+    for key, value in data.items():
+        if key in ("name", "source"):
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise DeviceFileError(source, key, f"expected a positive number, got {value!r}")
         values[key] = float(value)
+    for key, default in _DEFAULTS.items():
+        values.setdefault(key, values[default])
     if values["fp16_tflops"] < values["fp16_simt_tflops"]:
         raise DeviceFileError(source, "fp16_tflops", "the tensor-core peak is below the CUDA-core FP16 rate")
     name = data.get("name", Path(str(source)).stem)

@@ -82,6 +82,7 @@ class PlanContext:
     registry: Any = None  # amp_compiler.registry.Registry; None = the default
     progress: Callable[[str], None] | None = None
     alignment: list[dict[str, Any]] = field(default_factory=list)  # filled by AlignPass
+    user_rules: Any = None  # passes.user_rules.UserRules: the user's pattern/depth/initializer rules
 
 
 class PassManager:

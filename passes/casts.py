@@ -29,6 +29,7 @@ from amp_compiler.dtypes import FLOAT_DTYPES, is_float, itemsize, short
 from amp_compiler.ir import ANY, CONSTANT, FIXED, OTHER, UNIT, Op, PrecisionGraph, Tensor
 
 from .base import Pass, PassResult, PlanContext
+from .user_rules import runtime_cast
 
 
 class CastPass(Pass):
@@ -100,7 +101,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
         for dtype, ports in want.items():
             if dtype == t.dtype or dtype is None:
                 continue
-            if t.kind == CONSTANT:
+            if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
                 new = _fold_constant(graph, t, dtype)
                 folded += 1
             else:

@@ -19,6 +19,7 @@ from amp_compiler.registry import DEFAULT_REGISTRY
 from cost_model import Roofline
 
 from .base import PlanContext
+from .user_rules import runtime_cast
 
 #: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
 Endpoint = tuple[str, int | None]
@@ -174,7 +175,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if role == UNIT:
                 return ("var", units[op.name]) if op.name in units else ("fixed", code(op.precision))
             return ("fixed", code(t.dtype))
-        if t.kind == CONSTANT:  # stored in whatever dtype its consumers want (PARAMETERs are not)
+        if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):  # stored in whatever dtype its consumers want (PARAMETERs are not)
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
             return ("free", None)
