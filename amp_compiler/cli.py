@@ -179,6 +179,9 @@ def _fail(args: argparse.Namespace, line: str, status: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    source = Path(args.input)  # the cheap checks of files.load_model, before the heavy imports
+    if not source.exists() or source.is_dir():
+        raise ConversionError(args.input, "", "is a folder, not an ONNX file" if source.is_dir() else "file not found")
     if not args.output and not args.dry_run:
         raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
     runs_models = args.validate or args.fallback or args.calibrate
@@ -289,7 +292,7 @@ def _rule_options(args: argparse.Namespace) -> dict:
         raise ConversionError(exc.source, f"field {exc.field!r}" if exc.field else "", exc.reason) from None
     custom_ops = None
     if args.custom_ops:
-        from passes.user_rules import load_custom_ops
+        from .custom_ops import load_custom_ops
 
         try:
             custom_ops = load_custom_ops(args.custom_ops)

@@ -9,8 +9,9 @@ from typing import Iterable
 from onnx import ModelProto
 
 from cost_model import load_device
-from passes.user_rules import UserRules, custom_ops_from_dict, custom_registry, load_custom_ops
+from passes.user_rules import UserRules
 
+from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .onnx_io.emitter import emit

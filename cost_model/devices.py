@@ -13,7 +13,6 @@ The measured mode (``MeasuredProfile``) replaces these estimates with real timin
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, fields
@@ -305,6 +304,8 @@ def load_device(target: str | os.PathLike | dict | DeviceSpec) -> DeviceSpec:
 
 
 def _load_device_file(path: str) -> DeviceSpec:
+    import json  # here: the CLI imports this module before it has a file to read
+
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
