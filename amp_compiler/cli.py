@@ -8,6 +8,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 # Only light modules here: --help, --version and bad options must answer without numpy, onnx or
 # onnxruntime (docs/architecture.md, "The CLI"); _run imports them when there is a model to convert.
@@ -83,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="force every op of type TYPE into the low dtype where legal (AutoCast's "
                         "op_types_to_include); unlike --allow, which only makes TYPE a tensor-core op the cost "
                         "model may still keep FP32; repeatable")
-    p.add_argument("--max-reduction-depth", type=_positive_int, metavar="N",
+    p.add_argument("--max-reduction-depth", type=_positive(int), metavar="N",
                    help="keep in FP32 ops that accumulate over more than N elements (MatMul/Gemm K, Conv "
                         "Cin x kernel, attention head size, Reduce*); from shapes, no data needed")
-    p.add_argument("--init-max-bytes", type=_positive_int, metavar="N",
+    p.add_argument("--init-max-bytes", type=_positive(int), metavar="N",
                    help="initializers over N bytes stay FP32 in the file and are cast at run time instead of "
                         "being stored converted (AutoCast's init_conversion_max_bytes)")
     p.add_argument("--custom-ops", metavar="FILE.json",
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
-    p.add_argument("--default-dim", type=_positive_int, default=8, metavar="N",
+    p.add_argument("--default-dim", type=_positive(int), default=8, metavar="N",
                    help="size assumed for symbolic dims not given by --dim (default: 8)")
     p.add_argument("--report", action="append", default=[], metavar="FILE",
                    help="write the per-op report; format from the suffix: .json, .html, .txt (repeatable)")
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the FP32 model once (on --inputs, else seeded random inputs) and keep in FP32 "
                         "every op that reads or writes an activation FP16 cannot hold (beyond its range, or "
                         "subnormal throughout)")
+    p.add_argument("--data-max", type=_positive(float), metavar="X",
+                   help="with --calibrate: keep FP32 every op reading or writing an activation above X "
+                        "(AutoCast's data_max; default 32752, half FP16's maximum)")
     p.add_argument("--fallback", action="store_true",
                    help="validate, then move the ops that add the most error to FP32 and re-plan, until every "
                         "output is within --tolerance (exit 2 if it cannot get there); implies --validate")
@@ -141,14 +145,17 @@ class _Progress:
             print(f"[{time.perf_counter() - self.start:7.2f}s] {stage}", file=sys.stderr, flush=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _positive(kind: type) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of ``kind`` above zero."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +194,8 @@ def _run(args: argparse.Namespace) -> int:
     runs_models = args.validate or args.fallback or args.calibrate
     if args.inputs and not runs_models:
         raise ConversionError(args.inputs, "", "--inputs is read only by --validate, --calibrate or --fallback")
+    if args.data_max is not None and not args.calibrate:
+        raise ConversionError(args.input, "", "--data-max applies only with --calibrate")
     if args.runtime != "ort" and not (args.validate or args.fallback):
         raise ConversionError(args.input, "", f"--runtime {args.runtime} applies only with --validate or --fallback")
     for report_path in args.report:
@@ -300,7 +309,7 @@ def _rule_options(args: argparse.Namespace) -> dict:
             raise ConversionError("", "", str(exc)) from None
     return dict(target=target, exclude_nodes=args.exclude_nodes, include_nodes=args.include_nodes,
                 force_ops=args.force_op, max_reduction_depth=args.max_reduction_depth,
-                init_max_bytes=args.init_max_bytes, custom_ops=custom_ops)
+                init_max_bytes=args.init_max_bytes, custom_ops=custom_ops, data_max=args.data_max)
 
 
 def _check_inputs_file(path: str) -> None:

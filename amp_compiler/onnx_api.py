@@ -32,7 +32,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  deny_propagation: bool = False, exclude_nodes: Iterable[str] = (),
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
-                 custom_ops: str | os.PathLike | dict | None = None) -> tuple[ModelProto, Report]:
+                 custom_ops: str | os.PathLike | dict | list | None = None, data_max: float | None = None) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -64,7 +64,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ``dtype`` where legal, ``max_reduction_depth`` keeps ops accumulating over more elements
     FP32, ``init_max_bytes`` keeps larger initializers FP32 and casts them at run time, and
     ``custom_ops`` (a JSON file path or its dict) classifies plugin ops
-    (``passes.user_rules``).
+    (``passes.user_rules``). With calibration, ``data_max`` (AutoCast's) keeps FP32 the ops
+    whose activations exceed it (default: half of FP16's maximum).
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
@@ -93,7 +94,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
-        _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype)
+        _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype, data_max)
     report = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
@@ -107,12 +108,14 @@ def _custom_rows(table) -> list:
     return custom_ops_from_dict(table) if isinstance(table, dict) else load_custom_ops(str(table))
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
+def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str, data_max: float | None) -> None:
     from .calibrate import activation_ranges, mark_ranges
+    from .numerics import FP16_MAX
     from .validate import random_inputs
 
     ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
-    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype)
+    margin = {} if data_max is None else {"margin": FP16_MAX / data_max}
+    graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype, **margin)
 
 
 __all__ = ["ConversionError", "convert_onnx"]

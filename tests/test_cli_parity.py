@@ -193,3 +193,43 @@ def test_target_file_and_dict(mlp_file, tmp_path, capsys):
     assert "not valid JSON" in cli_error(capsys, [mlp_file, "--dry-run", "--target-file", device])
     with pytest.raises(ValueError, match="field 'fp32_tflops': expected a positive number"):
         convert_onnx(mlp(), target={**figures, "fp32_tflops": -1})
+
+
+def test_data_max_with_calibration(tmp_path, capsys):
+    """AutoCast's data_max: with --calibrate, ops touching activations above X stay FP32."""
+    m = mlp()
+    w0 = numpy_helper.to_array(m.graph.initializer[0]) * 2000  # first layer's outputs reach the hundreds
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(w0.astype(np.float32), "w0"))
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    plain = cli_plan(src, tmp_path, "--planner", "all", "--calibrate")
+    assert plain["/enc/0/MatMul"] == "float16"  # far below FP16's range
+    strict = cli_plan(src, tmp_path, "--planner", "all", "--calibrate", "--data-max", "100")
+    assert strict["/enc/0/MatMul"] == strict["/enc/0/Relu"] == "float32"
+    loose = cli_plan(src, tmp_path, "--planner", "all", "--calibrate", "--data-max", "60000")
+    assert loose == plain
+    assert "--data-max applies only with --calibrate" in cli_error(capsys, [src, "--dry-run", "--data-max", "100"])
+
+
+def test_custom_op_fp32_ports(tmp_path):
+    """trt_plugins_precision's per-port form: a plugin input that stays FP32 in an FP16 op."""
+    table = {"ops": [{"op_type": "FancyGelu", "domain": "my.plugins", "class": "infer", "fp32_inputs": [0]}]}
+    out, report = convert_onnx(plugin_model(), planner="all", custom_ops=table)
+    assert precisions(report)["plugin"] == "float16"
+    fancy = nodes_of(out, "FancyGelu")[0]
+    cast = next(n for n in out.graph.node if n.output[0] == fancy.input[0])
+    assert cast.op_type == "Cast" and cast.attribute[0].i == TensorProto.FLOAT
+
+
+def test_fallback_with_a_feed_and_a_tolerance(tmp_path):
+    """auto_convert_mixed_precision(model, feed_dict, rtol=...): --fallback --inputs --tolerance."""
+    src, out, feed = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "feed.npz"
+    onnx.save(mlp(), src)
+    np.savez(feed, x=np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32) * 30)
+    args = [str(src), "-o", str(out), "-q", "--planner", "all", "--runtime", "reference", "--inputs", str(feed),
+            "--report", str(tmp_path / "r.json")]
+    assert cli.main(args + ["--validate", "--tolerance", "1e-4"]) == 1
+    assert cli.main(args + ["--fallback", "--tolerance", "1e-4"]) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["validation"]["passed"] and data["validation"]["max_rel_error"] <= 1e-4
+    assert data["fallback"]["moved_to_fp32"]
