@@ -233,3 +233,30 @@ def test_fallback_with_a_feed_and_a_tolerance(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["validation"]["passed"] and data["validation"]["max_rel_error"] <= 1e-4
     assert data["fallback"]["moved_to_fp32"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_forced_plan_is_the_exact_optimum_given_the_forced_units(seed):
+    """Brute force: with some units pinned low, the re-solved cut costs the constrained minimum."""
+    import itertools
+
+    from passes.base import PlanContext
+    from passes.convert import solve_mincut
+    from passes.costs import OpTimer, build_energy
+    from passes.user_rules import pin_forced
+
+    from .test_passes import _random_dag, plan
+
+    graph, _ = plan(_random_dag(seed))
+    ctx = PlanContext()
+    energy = build_energy(graph, ctx, OpTimer(graph, ctx))
+    units = list(energy.unit_ops)
+    free = solve_mincut(energy)
+    forced = [u for u in units if not free[u]][:2] or units[:1]
+    for u in forced:
+        graph.ops[energy.unit_ops[u][0]].force_low = "test"
+    pinned = pin_forced(graph, energy, free, solve_mincut)
+    assert all(pinned[u] == 1 for u in forced) and set(pinned) == set(units)
+    best = min(energy.total(p)[0] for bits in itertools.product((0, 1), repeat=len(units))
+               if all((p := dict(zip(units, bits)))[u] for u in forced))
+    assert energy.total(pinned)[0] == pytest.approx(best, rel=1e-9, abs=1e-15)
