@@ -77,8 +77,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                        deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
                        progress=progress, deny_propagation=deny_propagation)
     ctx.registry = registry
-    ctx.user_rules = UserRules(tuple(exclude_nodes), tuple(include_nodes), frozenset(force_ops),
-                               max_reduction_depth, init_max_bytes)
+    ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
         model = ModelProto()
         model.CopyFrom(model_or_path)

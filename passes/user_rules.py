@@ -1,4 +1,4 @@
-"""User rules: node selection by pattern, forced op types, reduction depth, large initializers, custom ops.
+"""User rules: node selection by pattern, forced op types, reduction depth, large initializers.
 
 The options users bring from ModelOpt AutoCast and ORT's float16 tool (``docs/migrating.md``),
 kept apart from the core passes; each hooks in where it acts (``docs/architecture.md``, Passes):
@@ -48,6 +48,9 @@ class UserRules:
     _compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        for option in ("exclude_nodes", "include_nodes", "force_ops"):
+            if isinstance(getattr(self, option), str):
+                raise ValueError(f"{option} takes a list, got the string {getattr(self, option)!r}")
         for option in ("exclude_nodes", "include_nodes"):
             patterns = tuple(getattr(self, option))
             object.__setattr__(self, option, patterns)

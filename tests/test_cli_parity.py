@@ -63,13 +63,19 @@ def cli_error(capsys, argv) -> str:
     return lines[0]
 
 
-def test_exclude_nodes_by_pattern_stay_fp32(mlp_file, tmp_path):
+def test_exclude_nodes_by_pattern_stay_fp32(mlp_file, tmp_path, capsys):
     _, report = convert_onnx(mlp(), planner="all", exclude_nodes=["/head/"])
     got = precisions(report)
     assert got["/head/MatMul"] == "float32" and "--exclude-nodes '/head/'" in reasons(report)["/head/MatMul"]
     assert got["/enc/0/MatMul"] == got["/enc/1/MatMul"] == "float16"
     # re.match semantics (AutoCast's): the pattern anchors at the start of the name
     assert precisions(convert_onnx(mlp(), planner="all", exclude_nodes=["MatMul"])[1])["/head/MatMul"] == "float16"
+    with pytest.raises(ValueError, match="exclude_nodes: bad regular expression '/enc/\\('"):
+        convert_onnx(mlp(), exclude_nodes=["/enc/("])
+    with pytest.raises(ValueError, match="takes a list"):
+        convert_onnx(mlp(), exclude_nodes="/head/")
+    line = cli_error(capsys, [mlp_file, "--dry-run", "--exclude-nodes", "/enc/("])
+    assert line.startswith("amp-compile: error: --exclude-nodes /enc/(: not a regular expression")
     assert cli_plan(mlp_file, tmp_path, "--planner", "all", "--exclude-nodes", r"/enc/\d/MatMul") == {
         **got, "/enc/0/MatMul": "float32", "/enc/1/MatMul": "float32", "/head/MatMul": "float16"}
 
