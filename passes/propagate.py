@@ -96,7 +96,8 @@ class PropagatePass(Pass):
                     if a != b:
                         parent[a] = b
         seeded = {find(n) for n in candidates
-                  if graph.ops[n].op_class == ALLOW or n in ctx.force_low_nodes or ctx.planner == "all"}
+                  if graph.ops[n].op_class == ALLOW or graph.ops[n].force_low or n in ctx.force_low_nodes
+                  or ctx.planner == "all"}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]

@@ -8,7 +8,8 @@ kept apart from the core passes; each hooks in where it acts (``docs/architectur
    (a deny op becomes a candidate; the schema, a missing kernel and out-of-range weights
    still keep it FP32); otherwise one matching an ``exclude_nodes`` pattern is deny.
    Include wins over exclude, as in AutoCast. Patterns match the start of the node name
-   (``re.match``, AutoCast's rule). Forced ops seed the propagate pass's region.
+   (``re.match``, AutoCast's rule). Forced ops carry ``Op.force_low``, which seeds the
+   propagate pass's region; nothing is handed on through the options.
 2. ``max_reduction_depth``: an op that accumulates over more than N elements (MatMul/Gemm K,
    Conv Cin/group x kernel, attention head size, a Reduce* over its reduced elements) may
    not take the low dtype. Shapes only: no data needed.
@@ -27,7 +28,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 from amp_compiler.dtypes import short
-from amp_compiler.flops import gemm_dims
 from amp_compiler.ir import CONSTANT, Op, PrecisionGraph, Tensor
 from amp_compiler.registry import DENY, INFER, UNKNOWN
 
@@ -75,14 +75,14 @@ class UserRules:
 
 def apply_user_rules(graph: PrecisionGraph, ctx: PlanContext) -> str:
     """Run by classify once every op has its class; returns what it did for the pass record."""
-    rules: UserRules | None = getattr(ctx, "user_rules", None)
-    if rules is None or not rules.active:
+    rules: UserRules = getattr(ctx, "user_rules", None) or UserRules()
+    if not (rules.active or ctx.force_low_nodes):
         return ""
     forced, excluded, deep = set(), 0, 0
     for op in graph.ops.values():
         if op.inserted:
             continue
-        if (why := _forced_by(op, rules)) is not None:
+        if (why := _forced_by(op, rules, ctx.force_low_nodes)) is not None:
             if op.op_class != UNKNOWN:  # an unknown op's ports are fixed: nothing to force
                 op.force_low = why
                 if op.op_class == DENY:
@@ -99,11 +99,12 @@ def apply_user_rules(graph: PrecisionGraph, ctx: PlanContext) -> str:
                 op.forbid_low = (f"accumulates over {depth} elements, more than "
                                  f"--max-reduction-depth {rules.max_reduction_depth}")
                 deep += 1
-    ctx.force_low_nodes = frozenset(ctx.force_low_nodes) | forced
     return f"; user rules: {len(forced)} forced low, {excluded} excluded by pattern, {deep} over the reduction depth"
 
 
-def _forced_by(op: Op, rules: UserRules) -> str | None:
+def _forced_by(op: Op, rules: UserRules, names: frozenset[str]) -> str | None:
+    if op.name in names:
+        return "force_low_nodes"
     if op.op_type in rules.force_ops or (op.domain and f"{op.domain}::{op.op_type}" in rules.force_ops):
         return f"--force-op {op.op_type}"
     pattern = rules.match("include_nodes", op.name)
@@ -112,9 +113,9 @@ def _forced_by(op: Op, rules: UserRules) -> str | None:
 
 def reduction_depth(graph: PrecisionGraph, op: Op) -> int | None:
     """How many products or elements one output element accumulates; None when unknown."""
-    if op.canonical in ("matmul", "gemm", "gemm_fast_gelu"):
-        dims = gemm_dims(op, graph)
-        return dims[3] if dims else None
+    if op.canonical in ("matmul", "gemm", "gemm_fast_gelu"):  # K: A's last dim (its first, transposed)
+        a = graph.concrete_shape(op.inputs[0]) if op.inputs and op.inputs[0] else None
+        return (a[0] if op.canonical == "gemm" and op.attrs.get("transA") else a[-1]) if a else None
     if op.canonical in ("conv", "conv_transpose") and len(op.inputs) > 1:
         w = graph.concrete_shape(op.inputs[1]) if op.inputs[1] else None
         return math.prod(w[1:]) if w and len(w) > 2 else None
