@@ -55,9 +55,9 @@ class ConvertPass(Pass):
             plan = {u: 1 for u in energy.unit_ops}
         else:
             raise ValueError(f"unknown planner {ctx.planner!r}: use one of {', '.join(PLANNERS)}")
-        plan = pin_forced(graph, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
+        plan = pin_forced(graph, ctx, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
         _apply(graph, ctx, energy, plan)
-        note_forced(graph, ctx.low_dtype)
+        note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
         all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
         graph.meta["prediction"] = {

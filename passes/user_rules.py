@@ -8,8 +8,9 @@ kept apart from the core passes; each hooks in where it acts (``docs/architectur
    (a deny op becomes a candidate; the schema, a missing kernel and out-of-range weights
    still keep it FP32); otherwise one matching an ``exclude_nodes`` pattern is deny.
    Include wins over exclude, as in AutoCast. Patterns match the start of the node name
-   (``re.match``, AutoCast's rule). Forced ops carry ``Op.force_low``, which seeds the
-   propagate pass's region; nothing is handed on through the options.
+   (``re.match``, AutoCast's rule). ``forced_low`` recomputes the forced set from the
+   options wherever it is needed (propagate seeds its region with it), so nothing is
+   handed on through the IR or the context.
 2. ``max_reduction_depth``: an op that accumulates over more than N elements (MatMul/Gemm K,
    Conv Cin/group x kernel, attention head size, a Reduce* over its reduced elements) may
    not take the low dtype. Shapes only: no data needed.
@@ -73,22 +74,37 @@ class UserRules:
         return bool(self.exclude_nodes or self.include_nodes or self.force_ops or self.max_reduction_depth)
 
 
+def _rules(ctx: PlanContext) -> UserRules:
+    return getattr(ctx, "user_rules", None) or UserRules()
+
+
+def forced_low(graph: PrecisionGraph, ctx: PlanContext) -> dict[str, str]:
+    """Op name -> why the user forced it low (``force_low_nodes``, ``force_ops``, ``include_nodes``).
+
+    A pure function of the graph and the options, so no pass hands it on through the IR or
+    the context; an unknown op's ports are fixed, so there is nothing to force in it.
+    """
+    rules = _rules(ctx)
+    if not (rules.force_ops or rules.include_nodes or ctx.force_low_nodes):
+        return {}
+    return {op.name: why for op in graph.ops.values() if not op.inserted and op.op_class != UNKNOWN
+            and (why := _forced_by(op, rules, ctx.force_low_nodes)) is not None}
+
+
 def apply_user_rules(graph: PrecisionGraph, ctx: PlanContext) -> str:
     """Run by classify once every op has its class; returns what it did for the pass record."""
-    rules: UserRules = getattr(ctx, "user_rules", None) or UserRules()
+    rules = _rules(ctx)
     if not (rules.active or ctx.force_low_nodes):
         return ""
-    forced, excluded, deep = set(), 0, 0
+    forced = forced_low(graph, ctx)
+    excluded = deep = 0
     for op in graph.ops.values():
         if op.inserted:
             continue
-        if (why := _forced_by(op, rules, ctx.force_low_nodes)) is not None:
-            if op.op_class != UNKNOWN:  # an unknown op's ports are fixed: nothing to force
-                op.force_low = why
-                if op.op_class == DENY:
-                    op.op_class = INFER
-                op.reason = f"{op.op_class}: {FORCED} ({why})"
-                forced.add(op.name)
+        if op.name in forced:
+            if op.op_class == DENY:
+                op.op_class = INFER
+            op.reason = f"{op.op_class}: {FORCED} ({forced[op.name]})"
             continue
         if (pattern := rules.match("exclude_nodes", op.name)) is not None:
             op.op_class, op.reason = DENY, f"deny: node name matches --exclude-nodes {pattern!r}"
@@ -128,9 +144,9 @@ def reduction_depth(graph: PrecisionGraph, op: Op) -> int | None:
     return None
 
 
-def pin_forced(graph: PrecisionGraph, energy, plan: dict[int, int], solve=None) -> dict[int, int]:
+def pin_forced(graph: PrecisionGraph, ctx: PlanContext, energy, plan: dict[int, int], solve=None) -> dict[int, int]:
     """``plan`` with every forced unit low; with ``solve``, the other units re-solved around them."""
-    forced = {op.unit for op in graph.ops.values() if op.force_low and op.unit is not None}
+    forced = {graph.ops[n].unit for n in forced_low(graph, ctx) if graph.ops[n].unit is not None}
     if not forced or all(plan[u] for u in forced):
         return plan
     if solve is None:
@@ -146,11 +162,12 @@ def _pin(end: tuple, forced: set[int]) -> tuple:
     return ("fixed", 1) if end[0] == "var" and end[1] in forced else end
 
 
-def note_forced(graph: PrecisionGraph, low_dtype: str) -> None:
+def note_forced(graph: PrecisionGraph, ctx: PlanContext) -> None:
     """The reason of every op the user forced and that now runs low."""
-    for op in graph.ops.values():
-        if op.force_low and op.precision == low_dtype:
-            op.reason = f"{op.op_class}: {FORCED} ({op.force_low}), in {short(low_dtype)}"
+    for name, why in forced_low(graph, ctx).items():
+        op = graph.ops[name]
+        if op.precision == ctx.low_dtype:
+            op.reason = f"{op.op_class}: {FORCED} ({why}), in {short(ctx.low_dtype)}"
 
 
 def runtime_cast(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
@@ -160,4 +177,4 @@ def runtime_cast(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
             and graph.nbytes(t) > rules.init_max_bytes)
 
 
-__all__ = ["UserRules", "apply_user_rules", "note_forced", "pin_forced", "reduction_depth", "runtime_cast"]
+__all__ = ["UserRules", "apply_user_rules", "forced_low", "note_forced", "pin_forced", "reduction_depth", "runtime_cast"]

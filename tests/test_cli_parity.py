@@ -259,9 +259,8 @@ def test_forced_plan_is_the_exact_optimum_given_the_forced_units(seed):
     units = list(energy.unit_ops)
     free = solve_mincut(energy)
     forced = [u for u in units if not free[u]][:2] or units[:1]
-    for u in forced:
-        graph.ops[energy.unit_ops[u][0]].force_low = "test"
-    pinned = pin_forced(graph, energy, free, solve_mincut)
+    ctx.force_low_nodes = frozenset(energy.unit_ops[u][0] for u in forced)
+    pinned = pin_forced(graph, ctx, energy, free, solve_mincut)
     assert all(pinned[u] == 1 for u in forced) and set(pinned) == set(units)
     best = min(energy.total(p)[0] for bits in itertools.product((0, 1), repeat=len(units))
                if all((p := dict(zip(units, bits)))[u] for u in forced))
