@@ -136,23 +136,23 @@ DEVICES: dict[str, DeviceSpec] = {
         launch_overhead_us=4.0,
         source="NVIDIA Ada Lovelace GPU architecture whitepaper (GeForce RTX 4090)",
     ),
-    # NVIDIA HGX B200 datasheet (8 GPUs): FP32 600 TFLOPS, TF32 tensor 18 PFLOPS and FP16/BF16
-    # tensor 36 PFLOPS with sparsity, HBM3e 64 TB/s -> per GPU FP32 75, TF32 1,125 and FP16/BF16
-    # 2,250 dense, 8,000 GB/s. FP16 on CUDA cores: not published; taken as 2x FP32, Hopper's ratio.
+    # NVIDIA Blackwell datasheet (GB200 NVL72 / HGX B200), individual-GPU column for HGX B200:
+    # FP32 75 TFLOPS, TF32 tensor 2.2 and FP16/BF16 tensor 4.5 PFLOPS with sparsity -> 1,100 and
+    # 2,250 dense, HBM3e 7.7 TB/s. FP16 on CUDA cores: not published; taken as 2x FP32 (Hopper's ratio).
     "b200": DeviceSpec(
         name="b200",
         fp32_tflops=75.0,
-        tf32_tflops=1125.0,
+        tf32_tflops=1100.0,
         fp16_tflops=2250.0,
         bf16_tflops=2250.0,
         fp16_simt_tflops=150.0,
-        mem_bandwidth_gbs=8000.0,
+        mem_bandwidth_gbs=7700.0,
         launch_overhead_us=4.0,
-        source="NVIDIA HGX B200 datasheet (per GPU = 1/8 of the HGX figures, dense = 1/2 of sparse)",
+        source="NVIDIA Blackwell datasheet, HGX B200 individual-GPU column (dense = 1/2 of sparse)",
     ),
-    # NVIDIA GB200 NVL72 datasheet (72 Blackwell GPUs): FP32 5,760 TFLOPS, TF32 tensor 180 PFLOPS
-    # and FP16/BF16 tensor 360 PFLOPS with sparsity, HBM3e 576 TB/s -> per GPU FP32 80, TF32 1,250
-    # and FP16/BF16 2,500 dense, 8,000 GB/s. FP16 on CUDA cores taken as 2x FP32 (not published).
+    # The same datasheet, GB200 NVL72 individual-GPU column: FP32 80 TFLOPS, TF32 tensor 2.5 and
+    # FP16/BF16 tensor 5 PFLOPS with sparsity -> 1,250 and 2,500 dense, HBM3e 8 TB/s. FP16 on CUDA
+    # cores taken as 2x FP32 (not published).
     "gb200": DeviceSpec(
         name="gb200",
         fp32_tflops=80.0,
@@ -162,7 +162,7 @@ DEVICES: dict[str, DeviceSpec] = {
         fp16_simt_tflops=160.0,
         mem_bandwidth_gbs=8000.0,
         launch_overhead_us=4.0,
-        source="NVIDIA GB200 NVL72 datasheet (per GPU = 1/72 of the rack, dense = 1/2 of sparse)",
+        source="NVIDIA Blackwell datasheet, GB200 NVL72 individual-GPU column (dense = 1/2 of sparse)",
     ),
     # NVIDIA L40S datasheet: FP32 91.6, TF32 tensor 183, BF16/FP16 tensor 362.05 TFLOPS dense
     # (366 / 733 with sparsity), GDDR6 864 GB/s. Ada runs FP16 on CUDA cores at the FP32 rate.
