@@ -32,7 +32,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  deny_propagation: bool = False, exclude_nodes: Iterable[str] = (),
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
-                 custom_ops: str | os.PathLike | dict | list | None = None, data_max: float | None = None) -> tuple[ModelProto, Report]:
+                 custom_ops: str | os.PathLike | dict | list | None = None,
+                 data_max: float | None = None) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -63,7 +64,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     forced into ``dtype`` where legal; include wins), ``force_ops`` op types forced into
     ``dtype`` where legal, ``max_reduction_depth`` keeps ops accumulating over more elements
     FP32, ``init_max_bytes`` keeps larger initializers FP32 and casts them at run time, and
-    ``custom_ops`` (a JSON file path or its dict) classifies plugin ops
+    ``custom_ops`` (a JSON file path or its dict; ``custom_ops.py``) classifies plugin ops
     (``passes.user_rules``). With calibration, ``data_max`` (AutoCast's) keeps FP32 the ops
     whose activations exceed it (default: half of FP16's maximum).
     ``base_dir``: for a ``ModelProto`` loaded without its external data
@@ -73,8 +74,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     registry = custom_registry(_custom_rows(custom_ops)) if custom_ops is not None else None
-    ctx = make_context(target=load_device(target), dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
-                       deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
+    ctx = make_context(target=load_device(target), dtype=dtype, planner=planner, keep_io_types=keep_io_types,
+                       allow=allow, deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
                        progress=progress, deny_propagation=deny_propagation)
     ctx.registry = registry
     ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)

@@ -177,4 +177,5 @@ def runtime_cast(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
             and graph.nbytes(t) > rules.init_max_bytes)
 
 
-__all__ = ["UserRules", "apply_user_rules", "forced_low", "note_forced", "pin_forced", "reduction_depth", "runtime_cast"]
+__all__ = ["UserRules", "apply_user_rules", "forced_low", "note_forced", "pin_forced", "reduction_depth",
+           "runtime_cast"]
