@@ -265,3 +265,20 @@ def test_forced_plan_is_the_exact_optimum_given_the_forced_units(seed):
     best = min(energy.total(p)[0] for bits in itertools.product((0, 1), repeat=len(units))
                if all((p := dict(zip(units, bits)))[u] for u in forced))
     assert energy.total(pinned)[0] == pytest.approx(best, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("node, inputs, inits, depth", [
+    (helper.make_node("Conv", ["x", "w"], ["y"], name="op", pads=[1, 1, 1, 1]), [fin("x", 1, 16, 8, 8)],
+     [weight("w", 32, 16, 3, 3)], 16 * 3 * 3),
+    (helper.make_node("Gemm", ["x", "w"], ["y"], name="op", transA=1), [fin("x", 96, 4)], [weight("w", 96, 64)], 96),
+    (helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="op", keepdims=0), [fin("x", 4, 10, 12)],
+     [numpy_helper.from_array(np.array([1, 2], np.int64), "axes")], 120),
+])
+def test_reduction_depth_per_op(node, inputs, inits, depth):
+    """Conv: Cin x kernel; Gemm: K (A's first dim when transposed); Reduce*: the elements one output sums."""
+    from amp_compiler.onnx_io.importer import import_model
+    from passes.user_rules import reduction_depth
+
+    m = onnx.shape_inference.infer_shapes(model([node], inputs, [fin("y", None)], inits))
+    graph = import_model(m).graph
+    assert reduction_depth(graph, graph.ops["op"]) == depth
