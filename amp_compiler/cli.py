@@ -8,9 +8,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
-from cost_model import DEVICES
+# Only light modules here: --help, --version and bad options must answer without numpy, onnx or
+# onnxruntime (docs/architecture.md, "The CLI"); _run imports them when there is a model to convert.
+from cost_model.devices import DEVICES
 
+from . import __version__
 from .errors import ConversionError
 
 EXAMPLES = """\
@@ -29,6 +33,10 @@ examples:
       run the FP32 model once on real inputs; ops whose activations exceed FP16's range stay FP32
   amp-compile model.onnx -o model.mp.onnx --fallback --tolerance 1e-3 --runtime reference
       move the ops that add the most error to FP32, re-plan, repeat until within tolerance
+  amp-compile model.onnx -o model.mp.onnx --exclude-nodes '/lm_head/.*' --force-op Gelu --max-reduction-depth 8192
+      AutoCast-style rules: nodes by name pattern stay FP32, every Gelu runs FP16, long reductions stay FP32
+  amp-compile model.onnx -o model.mp.onnx --target-file my_gpu.json --custom-ops plugins.json
+      plan for a device described in JSON, classify plugin ops from a table (docs/migrating.md)
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
 --tolerance (the model is not written; --report files are, with the errors); 2 bad input
@@ -46,8 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="the FP32 .onnx file to convert (never modified)")
     p.add_argument("-o", "--output", help="where to write the converted model (required unless --dry-run)")
-    p.add_argument("--target", default="h100", type=str.lower, choices=sorted(DEVICES),
-                   help="device the cost model plans for (default: h100)")
+    p.add_argument("--version", action="version", version=f"amp-compile {__version__}")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target", default="h100", type=str.lower, choices=sorted(DEVICES), metavar="DEVICE",
+                        help=f"device the cost model plans for: {', '.join(sorted(DEVICES))} (default: h100)")
+    target.add_argument("--target-file", metavar="FILE.json",
+                        help="a device outside the table, described in JSON: fp32_tflops, fp16_tflops (dense "
+                             "tensor-core peak), mem_bandwidth_gbs; optional tf32_tflops, bf16_tflops, "
+                             "fp16_simt_tflops, launch_overhead_us (default 4), name")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"], help="low-precision dtype (default: fp16)")
     io = p.add_mutually_exclusive_group()
     io.add_argument("--keep-io-types", dest="keep_io_types", action="store_true", default=True,
@@ -60,6 +74,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every op of type OP in FP32; repeatable. e.g. --deny Softmax")
     p.add_argument("--deny-node", action="append", default=[], metavar="NAME",
                    help="keep the node named NAME in FP32; repeatable")
+    p.add_argument("--exclude-nodes", action="append", default=[], metavar="REGEX",
+                   help="keep in FP32 every node whose name matches REGEX at its start (AutoCast's "
+                        "nodes_to_exclude); repeatable")
+    p.add_argument("--include-nodes", action="append", default=[], metavar="REGEX",
+                   help="force nodes whose name matches REGEX into the low dtype where legal (schema, kernel "
+                        "and weight range permitting), whatever their class or the cost model; wins over "
+                        "--exclude-nodes, as in AutoCast; repeatable")
+    p.add_argument("--force-op", action="append", default=[], metavar="TYPE",
+                   help="force every op of type TYPE into the low dtype where legal (AutoCast's "
+                        "op_types_to_include); unlike --allow, which only makes TYPE a tensor-core op the cost "
+                        "model may still keep FP32; repeatable")
+    p.add_argument("--max-reduction-depth", type=_positive(int), metavar="N",
+                   help="keep in FP32 ops that accumulate over more than N elements (MatMul/Gemm K, Conv "
+                        "Cin x kernel, attention head size, Reduce*); from shapes, no data needed")
+    p.add_argument("--init-max-bytes", type=_positive(int), metavar="N",
+                   help="initializers over N bytes stay FP32 in the file and are cast at run time instead of "
+                        "being stored converted (AutoCast's init_conversion_max_bytes)")
+    p.add_argument("--custom-ops", metavar="FILE.json",
+                   help='classify ops of a plugin library from a table instead of as "unknown": {"ops": '
+                        '[{"op_type": ..., "domain": ..., "class": "allow|infer|clear|deny", "tensor_core": '
+                        'false, "fp32_inputs": [], "fp32_outputs": []}]}')
     p.add_argument("--planner", default="optimal", choices=["optimal", "greedy", "all"],
                    help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter; "
                         "all: every op that can safely run in the low dtype does, whatever the cost")
@@ -69,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
-    p.add_argument("--default-dim", type=_positive_int, default=8, metavar="N",
+    p.add_argument("--default-dim", type=_positive(int), default=8, metavar="N",
                    help="size assumed for symbolic dims not given by --dim (default: 8)")
     p.add_argument("--report", action="append", default=[], metavar="FILE",
                    help="write the per-op report; format from the suffix: .json, .html, .txt (repeatable)")
@@ -79,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the FP32 model once (on --inputs, else seeded random inputs) and keep in FP32 "
                         "every op that reads or writes an activation FP16 cannot hold (beyond its range, or "
                         "subnormal throughout)")
+    p.add_argument("--data-max", type=_positive(float), metavar="X",
+                   help="with --calibrate: keep FP32 every op reading or writing an activation above X "
+                        "(AutoCast's data_max; default 32752, half FP16's maximum)")
     p.add_argument("--fallback", action="store_true",
                    help="validate, then move the ops that add the most error to FP32 and re-plan, until every "
                         "output is within --tolerance (exit 2 if it cannot get there); implies --validate")
@@ -91,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only errors: no progress, table, per-output errors or warnings")
     p.add_argument("--debug", action="store_true", help="show the Python traceback on errors")
     return p
 
@@ -107,14 +146,17 @@ class _Progress:
             print(f"[{time.perf_counter() - self.start:7.2f}s] {stage}", file=sys.stderr, flush=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _positive(kind: type) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of ``kind`` above zero."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,24 +187,35 @@ def _fail(args: argparse.Namespace, line: str, status: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .fallback import convert_with_fallback
-    from .onnx_api import convert_onnx
-    from .onnx_io.files import check_output_path, input_files, load_model
-
+    source = Path(args.input)  # the cheap checks of files.load_model, before the heavy imports
+    if not source.exists() or source.is_dir():
+        raise ConversionError(args.input, "", "is a folder, not an ONNX file" if source.is_dir() else "file not found")
     if not args.output and not args.dry_run:
         raise ConversionError(args.input, "", "no output path: pass -o OUT.onnx, or --dry-run to only plan")
     runs_models = args.validate or args.fallback or args.calibrate
     if args.inputs and not runs_models:
         raise ConversionError(args.inputs, "", "--inputs is read only by --validate, --calibrate or --fallback")
+    if args.data_max is not None and not args.calibrate:
+        raise ConversionError(args.input, "", "--data-max applies only with --calibrate")
     if args.runtime != "ort" and not (args.validate or args.fallback):
         raise ConversionError(args.input, "", f"--runtime {args.runtime} applies only with --validate or --fallback")
-    out = check_output_path(args.output, [args.input]) if args.output and not args.dry_run else None
     for report_path in args.report:
-        check_output_path(report_path, [args.input])
         if Path(report_path).suffix.lower() not in (".json", ".html", ".htm", ".txt"):
             raise ConversionError(report_path, "", "report format unknown: use a .json, .html or .txt suffix")
     dims = _parse_dims(args.dim)
+    if args.inputs:
+        _check_inputs_file(args.inputs)
+    options = _rule_options(args)
+    from .fallback import convert_with_fallback  # the heavy modules, once the options are known good
+    from .onnx_api import convert_onnx
+    from .onnx_io.files import check_output_path, input_files, load_model
+
+    out = check_output_path(args.output, [args.input]) if args.output and not args.dry_run else None
+    for report_path in args.report:
+        check_output_path(report_path, [args.input])
     progress = _Progress(args.quiet)
+    if args.quiet:
+        _silence_warnings(runs_models)
     progress("load")
     # External data stays on disk and is streamed tensor by tensor (models over 2 GB never sit in
     # memory whole); only what runs the models from memory (a dry run with --validate,
@@ -173,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
     if out is not None:  # nor may its .data file be one the input reads from
         check_output_path(out, input_files(original, args.input))
     feeds = _feeds(args, original) if (args.validate or args.fallback or args.calibrate) else None
-    convert = functools.partial(convert_onnx, original, target=args.target, dtype=args.dtype,
+    convert = functools.partial(convert_onnx, original, dtype=args.dtype, **options,
                                 keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
@@ -235,7 +288,7 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
     else:
         result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args))
     report.data["validation"] = result
-    for row in result["outputs"]:
+    for row in [] if args.quiet else result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
               f"max rel error {row['max_rel_error']:.3g}", file=sys.stderr)
     if not result["passed"]:
@@ -243,6 +296,66 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
               f"tolerance {args.tolerance}; no model written", file=sys.stderr)
         return 1
     return 0
+
+
+def _rule_options(args: argparse.Namespace) -> dict:
+    """The device and the AutoCast-style rules, checked before any model is read."""
+    import re
+
+    from cost_model.devices import DeviceFileError, load_device
+
+    for option in ("exclude_nodes", "include_nodes"):
+        for pattern in getattr(args, option):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConversionError("", f"--{option.replace('_', '-')} {pattern}",
+                                      f"not a regular expression: {exc}") from None
+    try:
+        target = load_device(args.target_file) if args.target_file else args.target
+    except DeviceFileError as exc:
+        raise ConversionError(exc.source, f"field {exc.field!r}" if exc.field else "", exc.reason) from None
+    custom_ops = None
+    if args.custom_ops:
+        from .custom_ops import load_custom_ops
+
+        try:
+            custom_ops = load_custom_ops(args.custom_ops)
+        except ValueError as exc:
+            raise ConversionError("", "", str(exc)) from None
+    return dict(target=target, exclude_nodes=args.exclude_nodes, include_nodes=args.include_nodes,
+                force_ops=args.force_op, max_reduction_depth=args.max_reduction_depth,
+                init_max_bytes=args.init_max_bytes, custom_ops=custom_ops, data_max=args.data_max)
+
+
+def _check_inputs_file(path: str) -> None:
+    """``--inputs`` must be an ``.npz`` archive; say so in our words before numpy reads it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise ConversionError(path, "", f"cannot read the inputs file: {exc.strerror or exc}") from None
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return
+    if head.startswith(b"\x93NUMPY"):
+        kind = "a single .npy array, which has no input names"
+    elif head[:1] == b"\x08" or path.lower().endswith(".onnx"):
+        kind = "an ONNX model, not inputs (the model is the first argument)"
+    else:
+        kind = "not a numpy .npz archive"
+    raise ConversionError(path, "--inputs", f"{kind}: save the inputs by graph-input name with "
+                                            "numpy.savez(path, input_ids=..., ...)")
+
+
+def _silence_warnings(runs_models: bool) -> None:
+    """-q: Python warnings and ONNX Runtime's log lines are not errors."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    if runs_models:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
 
 
 def _parse_dims(items: list[str]) -> dict[str, int]:

@@ -8,11 +8,16 @@ from typing import Iterable
 
 from onnx import ModelProto
 
+from cost_model import load_device
+from passes.user_rules import UserRules
+
+from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
+from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
@@ -26,7 +31,11 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
                  base_dir: str | os.PathLike | None = None,
-                 deny_propagation: bool = False) -> "ConvertedModel":
+                 deny_propagation: bool = False, exclude_nodes: Iterable[str] = (),
+                 include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
+                 max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
+                 custom_ops: str | os.PathLike | dict | list | None = None,
+                 data_max: float | None = None) -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -51,15 +60,28 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     infer/clear ops stays FP32 too (the range of a Pow or reduction output is unknown; this
     keeps a T5-style RMSNorm out of FP16 without calibration data, at the price of more FP32
     elementwise work, e.g. GPT-2's tanh-GELU after its Pow).
+    ``target`` is a device name (``cost_model.DEVICES``), a ``DeviceSpec``, a dict of device
+    figures or the path of a JSON file of them (``cost_model.device_from_dict``).
+    The rules users bring from ModelOpt AutoCast (``docs/migrating.md``): ``exclude_nodes`` /
+    ``include_nodes`` are regular expressions matched at the start of node names (FP32 /
+    forced into ``dtype`` where legal; include wins), ``force_ops`` op types forced into
+    ``dtype`` where legal, ``max_reduction_depth`` keeps ops accumulating over more elements
+    FP32, ``init_max_bytes`` keeps larger initializers FP32 and casts them at run time, and
+    ``custom_ops`` (a JSON file path or its dict; ``custom_ops.py``) classifies plugin ops
+    (``passes.user_rules``). With calibration, ``data_max`` (AutoCast's) keeps FP32 the ops
+    whose activations exceed it (default: half of FP16's maximum).
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
     from them are cast while ``result.save(path)`` streams them.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
-    ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
-                       deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
+    registry = custom_registry(_custom_rows(custom_ops)) if custom_ops is not None else None
+    ctx = make_context(target=load_device(target), dtype=dtype, planner=planner, keep_io_types=keep_io_types,
+                       allow=allow, deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
                        progress=progress, deny_propagation=deny_propagation)
+    ctx.registry = registry
+    ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
         model = ModelProto()
         model.CopyFrom(model_or_path)
@@ -70,11 +92,13 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         model = load_model(model_or_path)
     if progress:
         progress("import")
-    imp = import_model(model, source=source, default_dim=default_dim, validate=True,
+    imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
+        if data_max is not None:
+            ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
         _calibrate(model, imp.graph, calibration_inputs)
     result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
@@ -82,6 +106,13 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     converted = emit(imp, result)
     # after emission: the report describes the emitted model
     return ConvertedModel(converted, build_report(result), base_dir)
+
+
+def _custom_rows(table) -> list:
+    """Rows of a custom-op table given as parsed rows (the CLI), a dict, or a JSON file path."""
+    if isinstance(table, list):
+        return table
+    return custom_ops_from_dict(table) if isinstance(table, dict) else load_custom_ops(str(table))
 
 
 def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:

@@ -5,7 +5,7 @@ The submodules ``flops`` (FLOP formulas, the alignment rule), ``traffic`` (bytes
 of them needs ``amp_compiler`` at import time (docs/architecture.md, "Cost model").
 """
 
-from .devices import DEFAULT_DEVICE, DEVICES, DeviceSpec, get_device
+from .devices import DEFAULT_DEVICE, DEVICES, DeviceFileError, DeviceSpec, device_from_dict, get_device, load_device
 from .dtypes import canonical_dtype, itemsize
 from .measured import MeasuredProfile, default_profile_path
 from .roofline import Roofline, tensor_core_aligned
@@ -15,6 +15,9 @@ __all__ = [
     "DEVICES",
     "DEFAULT_DEVICE",
     "get_device",
+    "load_device",
+    "device_from_dict",
+    "DeviceFileError",
     "Roofline",
     "MeasuredProfile",
     "itemsize",

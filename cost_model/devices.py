@@ -13,9 +13,13 @@ The measured mode (``MeasuredProfile``) replaces these estimates with real timin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-__all__ = ["DeviceSpec", "DEVICES", "DEFAULT_DEVICE", "get_device"]
+__all__ = ["DeviceSpec", "DEVICES", "DEFAULT_DEVICE", "DeviceFileError", "device_from_dict", "get_device",
+           "load_device"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,93 @@ DEVICES: dict[str, DeviceSpec] = {
         launch_overhead_us=4.0,
         source="NVIDIA Ada Lovelace GPU architecture whitepaper (GeForce RTX 4090)",
     ),
+    # NVIDIA Blackwell datasheet (GB200 NVL72 / HGX B200), individual-GPU column for HGX B200:
+    # FP32 75 TFLOPS, TF32 tensor 2.2 and FP16/BF16 tensor 4.5 PFLOPS with sparsity -> 1,100 and
+    # 2,250 dense, HBM3e 7.7 TB/s. FP16 on CUDA cores: not published; taken as 2x FP32 (Hopper's ratio).
+    "b200": DeviceSpec(
+        name="b200",
+        fp32_tflops=75.0,
+        tf32_tflops=1100.0,
+        fp16_tflops=2250.0,
+        bf16_tflops=2250.0,
+        fp16_simt_tflops=150.0,
+        mem_bandwidth_gbs=7700.0,
+        launch_overhead_us=4.0,
+        source="NVIDIA Blackwell datasheet, HGX B200 individual-GPU column (dense = 1/2 of sparse)",
+    ),
+    # The same datasheet, GB200 NVL72 individual-GPU column: FP32 80 TFLOPS, TF32 tensor 2.5 and
+    # FP16/BF16 tensor 5 PFLOPS with sparsity -> 1,250 and 2,500 dense, HBM3e 8 TB/s. FP16 on CUDA
+    # cores taken as 2x FP32 (not published).
+    "gb200": DeviceSpec(
+        name="gb200",
+        fp32_tflops=80.0,
+        tf32_tflops=1250.0,
+        fp16_tflops=2500.0,
+        bf16_tflops=2500.0,
+        fp16_simt_tflops=160.0,
+        mem_bandwidth_gbs=8000.0,
+        launch_overhead_us=4.0,
+        source="NVIDIA Blackwell datasheet, GB200 NVL72 individual-GPU column (dense = 1/2 of sparse)",
+    ),
+    # NVIDIA L40S datasheet: FP32 91.6, TF32 tensor 183, BF16/FP16 tensor 362.05 TFLOPS dense
+    # (366 / 733 with sparsity), GDDR6 864 GB/s. Ada runs FP16 on CUDA cores at the FP32 rate.
+    "l40s": DeviceSpec(
+        name="l40s",
+        fp32_tflops=91.6,
+        tf32_tflops=183.0,
+        fp16_tflops=362.05,
+        bf16_tflops=362.05,
+        fp16_simt_tflops=91.6,
+        mem_bandwidth_gbs=864.0,
+        launch_overhead_us=4.0,
+        source="NVIDIA L40S GPU datasheet; Ada Lovelace whitepaper",
+    ),
+    # NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 column: FP32 104.8,
+    # TF32 tensor 104.8, FP16/BF16 tensor with FP32 accumulate 209.5 TFLOPS dense (419 with
+    # sparsity; GeForce runs FP32 accumulate at half the FP16-accumulate rate), GDDR7 1,792 GB/s,
+    # FP16 non-tensor at the FP32 rate.
+    "rtx5090": DeviceSpec(
+        name="rtx5090",
+        fp32_tflops=104.8,
+        tf32_tflops=104.8,
+        fp16_tflops=209.5,
+        bf16_tflops=209.5,
+        fp16_simt_tflops=104.8,
+        mem_bandwidth_gbs=1792.0,
+        launch_overhead_us=4.0,
+        source="NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090)",
+    ),
+    # NVIDIA Jetson AGX Orin series technical brief, 64GB module: Ampere GPU with 2,048 CUDA
+    # cores and 64 tensor cores at 1.3 GHz -> FP32 5.3 TFLOPS; GPU 170 INT8 TOPS with sparsity
+    # -> 85 dense, and Ampere tensor cores run FP16/BF16 at half the INT8 rate (42.5) and TF32 at
+    # half that (21.25); FP16 on CUDA cores 2x FP32 (GA10x); LPDDR5 204.8 GB/s. Launches cost
+    # more on the module's Arm host: 8 us.
+    "jetson_orin": DeviceSpec(
+        name="jetson_orin",
+        fp32_tflops=5.3,
+        tf32_tflops=21.25,
+        fp16_tflops=42.5,
+        bf16_tflops=42.5,
+        fp16_simt_tflops=10.6,
+        mem_bandwidth_gbs=204.8,
+        launch_overhead_us=8.0,
+        source="NVIDIA Jetson AGX Orin series technical brief (64GB); NVIDIA Ampere GA102 whitepaper ratios",
+    ),
+    # AMD Instinct MI300X data sheet: FP32 vector 163.4, TF32 matrix 653.7, FP16/BF16 matrix
+    # 1,307.4 TFLOPS dense (2,614.9 with sparsity), HBM3 5.3 TB/s. FP16 vector: not published
+    # separately; taken as the FP32 vector rate. Launches through ROCm/HIP (ORT's ROCm and
+    # MIGraphX providers) cost a little more than CUDA's: 5 us.
+    "mi300x": DeviceSpec(
+        name="mi300x",
+        fp32_tflops=163.4,
+        tf32_tflops=653.7,
+        fp16_tflops=1307.4,
+        bf16_tflops=1307.4,
+        fp16_simt_tflops=163.4,
+        mem_bandwidth_gbs=5300.0,
+        launch_overhead_us=5.0,
+        source="AMD Instinct MI300X accelerator data sheet",
+    ),
 }
 
 DEFAULT_DEVICE = "h100"
@@ -149,3 +240,77 @@ def get_device(name_or_spec: str | DeviceSpec) -> DeviceSpec:
             f"unknown device {name_or_spec!r}; known devices: {', '.join(sorted(DEVICES))}"
         )
     return spec
+
+
+class DeviceFileError(ValueError):
+    """A device description that cannot be used: ``str()`` is ``<file>: field '<name>': <reason>``."""
+
+    def __init__(self, source: str, field: str, reason: str) -> None:
+        self.source, self.field, self.reason = source, field, reason
+        where = f"field {field!r}: " if field else ""
+        super().__init__(f"{source}: {where}{reason}")
+
+
+#: fields of a device description: required ones, and defaults for the others (a part
+#: without TF32/BF16 tensor cores or a published FP16 CUDA-core rate runs them at the FP32 rate)
+_REQUIRED = ("fp32_tflops", "fp16_tflops", "mem_bandwidth_gbs")
+_DEFAULTS = {"tf32_tflops": "fp32_tflops", "bf16_tflops": "fp32_tflops", "fp16_simt_tflops": "fp32_tflops"}
+_DEFAULT_LAUNCH_US = 4.0
+
+
+def device_from_dict(data: object, source: str = "device") -> DeviceSpec:
+    """A ``DeviceSpec`` from a JSON-like dict (``--target-file``); ``DeviceFileError`` names the bad field.
+
+    Required: ``fp32_tflops``, ``fp16_tflops`` (dense tensor-core peak), ``mem_bandwidth_gbs``.
+    Optional: ``name`` (default: ``source``'s stem), ``tf32_tflops``, ``bf16_tflops`` and
+    ``fp16_simt_tflops`` (default: the FP32 rate), ``launch_overhead_us`` (default 4), ``source``.
+    """
+    if not isinstance(data, dict):
+        raise DeviceFileError(source, "", f"expected a JSON object of device figures, got {type(data).__name__}")
+    known = {f.name for f in fields(DeviceSpec)}
+    for key in data:
+        if key not in known:
+            raise DeviceFileError(source, str(key), f"unknown field (known: {', '.join(sorted(known))})")
+    for key in _REQUIRED:
+        if key not in data:
+            raise DeviceFileError(source, key, "missing (required: " + ", ".join(_REQUIRED) + ")")
+    values: dict[str, float] = {"launch_overhead_us": _DEFAULT_LAUNCH_US}
+    for key, value in data.items():
+        if key in ("name", "source"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise DeviceFileError(source, key, f"expected a positive number, got {value!r}")
+        values[key] = float(value)
+    for key, default in _DEFAULTS.items():
+        values.setdefault(key, values[default])
+    if values["fp16_tflops"] < values["fp16_simt_tflops"]:
+        raise DeviceFileError(source, "fp16_tflops", "the tensor-core peak is below the CUDA-core FP16 rate")
+    name = data.get("name", Path(str(source)).stem)
+    if not isinstance(name, str) or not name.strip():
+        raise DeviceFileError(source, "name", f"expected a non-empty string, got {name!r}")
+    note = data.get("source", f"described in {source}")
+    return DeviceSpec(name=name.strip().lower(), source=str(note), **values)
+
+
+def load_device(target: str | os.PathLike | dict | DeviceSpec) -> DeviceSpec:
+    """A device by table name, ``DeviceSpec``, dict of figures, or path to a JSON file of them."""
+    if isinstance(target, dict):
+        return device_from_dict(target, str(target.get("name", "device")))
+    if isinstance(target, DeviceSpec) or (isinstance(target, str) and target.strip().lower() in DEVICES):
+        return get_device(target)
+    if isinstance(target, (str, os.PathLike)) and (str(target).lower().endswith(".json") or os.path.exists(target)):
+        return _load_device_file(str(target))
+    return get_device(target)  # an unknown name: ValueError listing the known devices
+
+
+def _load_device_file(path: str) -> DeviceSpec:
+    import json  # here: the CLI imports this module before it has a file to read
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise DeviceFileError(path, "", f"cannot read the device file: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DeviceFileError(path, "", f"not valid JSON: {exc}") from None
+    return device_from_dict(data, path)

@@ -100,6 +100,7 @@ class PlanContext:
     registry: Any = None  # amp_compiler.registry.Registry; None = the default
     progress: Callable[[str], None] | None = None
     calibration_margin: float = 2.0  # calibrated peaks above low-dtype max / margin stay FP32
+    user_rules: Any = None  # passes.user_rules.UserRules: the user's pattern/depth/initializer rules
 
 
 class PassManager:

@@ -30,6 +30,7 @@ from amp_compiler.ir import ANY, CONSTANT, FIXED, OTHER, UNIT, Op, PrecisionGrap
 
 from .base import Pass, PassResult, PlanContext, check
 from .result import CastChanges
+from .user_rules import runtime_cast
 
 
 class CastPass(Pass):
@@ -117,7 +118,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
         for dtype, ports in want.items():
             if dtype == t.dtype or dtype is None:
                 continue
-            if t.kind == CONSTANT:
+            if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
                 new = _fold_constant(graph, t, dtype)
                 folded += 1
             else:

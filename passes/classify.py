@@ -35,6 +35,7 @@ from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, UNKNOWN, OpDef
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
+from .user_rules import apply_user_rules
 
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
 _DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", "forbid_low", "source_dtype")
@@ -60,7 +61,7 @@ class ClassifyPass(Pass):
             op.tensor_core = bool(row and row.tensor_core)
             _assign_roles(graph, op, row, ctx)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
-        details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts))
+        details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts)) + apply_user_rules(graph, ctx)
         return PassResult(graph, snapshot(graph, *_DECIDES) != before, details)
 
 

@@ -37,6 +37,7 @@ from amp_compiler.registry import ALLOW, CLEAR
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
 from .result import Costs, Prediction
+from .user_rules import note_forced, pin_forced
 
 _SOURCE, _SINK = 0, 1
 
@@ -60,7 +61,9 @@ class ConvertPass(Pass):
             plan = {u: 1 for u in energy.unit_ops}
         else:
             raise ValueError(f"unknown planner {ctx.planner!r}: use one of {', '.join(PLANNERS)}")
+        plan = pin_forced(graph, ctx, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
         _apply(graph, ctx, energy, plan)
+        note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
         all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
         prediction = Prediction(all_fp32, mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)

@@ -17,6 +17,7 @@ from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, PrecisionGr
 from cost_model.timer import OpTimer
 
 from .base import PlanContext
+from .user_rules import runtime_cast
 
 __all__ = ["Endpoint", "OpTimer", "PlanEnergy", "TensorTerm", "build_energy"]  # OpTimer: from cost_model.timer
 
@@ -108,7 +109,8 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if role == UNIT:
                 return ("var", units[op.name]) if op.name in units else ("fixed", code(op.precision))
             return ("fixed", code(t.dtype))
-        if t.kind == CONSTANT:  # stored in whatever dtype its consumers want (PARAMETERs are not)
+        # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
+        if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
             return ("free", None)

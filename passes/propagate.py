@@ -39,6 +39,7 @@ from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
 from .numerics_chains import BOUNDED
+from .user_rules import forced_low
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
@@ -103,8 +104,9 @@ class PropagatePass(Pass):
                     a, b = find(t.producer), find(cons_name)
                     if a != b:
                         parent[a] = b
+        forced = forced_low(graph, ctx)
         seeded = {find(n) for n in candidates
-                  if graph.ops[n].op_class == ALLOW or n in ctx.force_low_nodes or ctx.planner == "all"}
+                  if graph.ops[n].op_class == ALLOW or n in forced or ctx.planner == "all"}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]
