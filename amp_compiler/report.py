@@ -51,9 +51,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .report_graph import html_views
+
 __all__ = ["SCHEMA_VERSION", "Report", "SAVE_FORMATS"]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: ops inputs/outputs, casts output, tensors, memory (docs/report-schema.md)
 
 #: Op classes in the order the report lists them (DESIGN.md §2, op registry).
 CLASS_ORDER = ("allow", "infer", "clear", "deny", "unknown")
@@ -785,6 +787,7 @@ class Report:
                          + "".join(f'<td class="num">{e(fmt_count(c[p]))}</td>' for p in precs)
                          + f'<td class="barcell"><div class="bar">{bar}</div></td></tr>')
         parts.append("</tbody></table></section>")
+        parts.append(html_views(self.data))  # the graph and cost charts (report_graph.py)
 
         # full op table
         ops = self.ops

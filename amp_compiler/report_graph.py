@@ -1,0 +1,329 @@
+"""The plan drawn: the op graph as inline SVG, coloured by precision, casts on the edges.
+
+Built from the report dict alone (schema 1.1 ``ops[].inputs/outputs`` and ``casts[].output``;
+docs/report-schema.md), so a saved JSON report draws the same. The layout is our own
+layered one (docs/architecture.md, Report): ops sit on the row of their longest path from
+the inputs (the ops list is topological, so one pass), then two barycenter sweeps order
+each row to shorten edges. Model graphs are long and narrow chains of blocks; that is all
+they need, in O(ops + edges), with no layout library to ship or run in the browser.
+
+The page script (``GRAPH_JS``) adds zoom/pan, search, click-to-row, and collapsing of
+module groups (names ``/encoder/layer.3/...`` grouped by their first numbered part, or
+their subgraph scope). Everything is inline; nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+NODE_W, NODE_H, ROW_H, COL_W, PAD = 132, 26, 54, 150, 24
+MAX_DRAWN = 4000  # ops; beyond this the SVG would be slower to open than the table is to read
+
+# colour category -> legend label (CSS in GRAPH_CSS)
+CATEGORIES = {"fp16": "FP16", "bf16": "BF16", "fp32-rule": "FP32 by rule", "fp32-cost": "FP32 by cost",
+              "unknown": "unknown op (FP32)", "none": "no float data"}
+_COST_MARKS = ("by the cost model", "not between low ops")
+
+
+def category(op: Mapping[str, Any]) -> str:
+    """The colour category of an op: its precision, and for FP32 whether a rule or the cost chose it."""
+    precision, reason = op.get("precision"), str(op.get("reason") or "")
+    if op.get("class") == "unknown":
+        return "unknown"
+    if precision == "float16":
+        return "fp16"
+    if precision == "bfloat16":
+        return "bf16"
+    if precision == "float32":
+        return "fp32-cost" if any(m in reason for m in _COST_MARKS) else "fp32-rule"
+    return "none"
+
+
+def group_of(op: Mapping[str, Any]) -> str:
+    """The module group of an op: its subgraph scope, else its name's path up to the first
+    numbered part (``/encoder/layer.3/attention/MatMul`` -> ``/encoder/layer.3``); "" if none."""
+    if op.get("scope"):
+        return str(op["scope"])
+    parts = str(op.get("name") or "").strip("/").split("/")[:-1]
+    for i, part in enumerate(parts):
+        if any(c.isdigit() for c in part):
+            return "/" + "/".join(parts[:i + 1])
+    return "/" + "/".join(parts[:2]) if parts else ""
+
+
+@dataclass
+class Edge:
+    src: int
+    dst: int
+    tensor: str
+    cast: Mapping[str, Any] | None = None
+
+
+@dataclass
+class Drawing:
+    """Nodes (report ops, then graph input/output pseudo-nodes), edges and their positions."""
+
+    labels: list[str] = field(default_factory=list)
+    ops: list[Mapping[str, Any] | None] = field(default_factory=list)  # None for a pseudo-node
+    edges: list[Edge] = field(default_factory=list)
+    xy: list[tuple[float, float]] = field(default_factory=list)
+    width: float = 0.0
+    height: float = 0.0
+
+
+def build(data: Mapping[str, Any]) -> Drawing:
+    """Nodes and edges from a report dict; an edge through an inserted cast carries the cast."""
+    d = Drawing()
+    ops = [o for o in data.get("ops") or [] if isinstance(o, Mapping)]
+    casts = {c.get("output"): c for c in data.get("casts") or [] if isinstance(c, Mapping) and c.get("output")}
+    producer: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        d.ops.append(op)
+        d.labels.append(str(op.get("op_type") or "?"))
+        for t in op.get("outputs") or ():
+            producer[t] = i
+    inputs: dict[str, int] = {}
+
+    def source(tensor: str) -> tuple[int | None, Mapping | None]:
+        cast = casts.get(tensor)
+        if cast is not None and cast.get("inserted", True):
+            tensor = cast.get("tensor") or tensor
+        else:
+            cast = None
+        if tensor in producer:
+            return producer[tensor], cast
+        if cast is None and tensor not in graph_inputs:
+            return None, None  # a weight
+        if tensor not in inputs:
+            inputs[tensor] = _pseudo(d, tensor)
+        return inputs[tensor], cast
+
+    graph_inputs = {t.get("name") for t in data.get("tensors") or [] if t.get("kind") == "input"}
+    for i, op in enumerate(ops):
+        for t in op.get("inputs") or ():
+            src, cast = source(t)
+            if src is not None and src != i:
+                d.edges.append(Edge(src, i, t, cast))
+    for t in data.get("tensors") or []:
+        if t.get("graph_output"):
+            src, cast = source(t["name"])
+            if src is not None:
+                d.edges.append(Edge(src, _pseudo(d, t["name"], "output"), t["name"], cast))
+    _layout(d)
+    return d
+
+
+def _pseudo(d: Drawing, tensor: str, kind: str = "input") -> int:
+    d.ops.append(None)
+    d.labels.append(f"{kind}: {tensor}")
+    return len(d.labels) - 1
+
+
+def _layout(d: Drawing) -> None:
+    n = len(d.labels)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for e in d.edges:
+        preds[e.dst].append(e.src)
+    row = [0] * n
+    for v in _topo(n, preds):
+        row[v] = 1 + max((row[p] for p in preds[v]), default=-1)
+    rows: dict[int, list[int]] = {}
+    for v in range(n):
+        rows.setdefault(row[v], []).append(v)
+    pos = [0.0] * n
+    for members in rows.values():
+        for k, v in enumerate(members):
+            pos[v] = float(k)
+    for _ in range(2):  # barycenter sweeps: each op near the mean column of what feeds it
+        for r in sorted(rows):
+            members = rows[r]
+            members.sort(key=lambda v: (sum(pos[p] for p in preds[v]) / len(preds[v])) if preds[v] else pos[v])
+            for k, v in enumerate(members):
+                pos[v] = k - (len(members) - 1) / 2
+    left = min(pos, default=0.0)
+    d.xy = [(PAD + (pos[v] - left) * COL_W, PAD + row[v] * ROW_H) for v in range(n)]
+    d.width = PAD * 2 + (max(pos, default=0.0) - left) * COL_W + NODE_W
+    d.height = PAD * 2 + (max(row, default=0) + 1) * ROW_H
+
+
+def _topo(n: int, preds: list[list[int]]) -> list[int]:
+    """A topological order: ops are listed in one, pseudo-nodes go by their (earlier) producer.
+    For an edge p -> v: max(preds[p]) < p <= max(preds[v]), so p sorts first."""
+    return sorted(range(n), key=lambda v: (max(preds[v], default=-1), v))
+
+
+def render(data: Mapping[str, Any]) -> str:
+    """The graph section of the HTML report (inline SVG and controls), or a note why it is absent."""
+    ops = data.get("ops") or []
+    head = '<section id="graph"><h2>Graph</h2>'
+    if not ops:
+        return head + '<p class="none">No ops to draw.</p></section>'
+    if not any(isinstance(o, Mapping) and "inputs" in o for o in ops):
+        return head + ('<p class="none">This report has no edges (schema 1.0): '
+                       're-run amp-compile to draw the graph.</p></section>')
+    if len(ops) > MAX_DRAWN:
+        return head + (f'<p class="none">{len(ops):,} ops: more than the {MAX_DRAWN:,} the drawing shows; '
+                       'the table and charts below cover every op.</p></section>')
+    d = build(data)
+    return head + _legend() + _toolbar() + _svg(d) + '<div id="g-info" class="g-info"></div></section>'
+
+
+def html_views(data: Mapping[str, Any]) -> str:
+    """The report's pictures: the graph and where the time and memory go (with their CSS and script)."""
+    from .report_charts import render as render_charts
+
+    return f"<style>{GRAPH_CSS}</style>{render(data)}{render_charts(data)}<script>{GRAPH_JS}</script>"
+
+
+def _legend() -> str:
+    items = "".join(f'<span class="g-key"><svg width="14" height="12"><rect class="g-{k}" width="14" height="12" '
+                    f'rx="3"/></svg> {html.escape(v)}</span>' for k, v in CATEGORIES.items())
+    return (f'<p class="g-legend">{items}<span class="g-key"><svg width="30" height="12"><path class="g-edge '
+            'g-cast" d="M0 6H30"/></svg> inserted cast</span></p>')
+
+
+def _toolbar() -> str:
+    return ('<p class="g-tools" hidden><input id="g-search" type="search" placeholder="find op (name or type), '
+            'Enter for next" aria-label="find op in graph"> <button data-g="in">+</button>'
+            '<button data-g="out">−</button><button data-g="fit">fit</button>'
+            '<button data-g="collapse">collapse groups</button><button data-g="expand">expand groups</button>'
+            ' <span id="g-found"></span></p>')
+
+
+def _svg(d: Drawing) -> str:
+    e = html.escape
+    out = [f'<div class="g-view"><svg id="g-svg" xmlns="http://www.w3.org/2000/svg" '
+           f'viewBox="0 0 {d.width:.0f} {d.height:.0f}" data-w="{d.width:.0f}" data-h="{d.height:.0f}" '
+           'role="img" aria-label="op graph coloured by precision">']
+    out += _groups(d)
+    for k, edge in enumerate(d.edges):
+        (x1, y1), (x2, y2) = d.xy[edge.src], d.xy[edge.dst]
+        x1, x2, y1 = x1 + NODE_W / 2, x2 + NODE_W / 2, y1 + NODE_H
+        bend = (y2 - y1) / 2
+        path = f"M{x1:.0f} {y1:.0f}C{x1:.0f} {y1 + bend:.0f} {x2:.0f} {y2 - bend:.0f} {x2:.0f} {y2:.0f}"
+        ends = f'data-s="{edge.src}" data-d="{edge.dst}"'
+        if edge.cast is None:
+            out.append(f'<path class="g-edge" {ends} d="{path}"/>')
+            continue
+        c = edge.cast
+        tip = f"cast {c.get('from')} → {c.get('to')} of {c.get('tensor')} ({c.get('name')}): {c.get('reason') or ''}"
+        to = category({"precision": c.get("to")})
+        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+        out.append(f'<g class="g-castedge" {ends}><title>{e(tip)}</title><path class="g-edge g-cast" d="{path}"/>'
+                   f'<rect class="g-{to} g-castmark" x="{mx - 5:.0f}" y="{my - 5:.0f}" width="10" height="10" '
+                   f'transform="rotate(45 {mx:.0f} {my:.0f})"/></g>')
+    for v, label in enumerate(d.labels):
+        x, y = d.xy[v]
+        op = d.ops[v]
+        if op is None:
+            out.append(f'<g class="g-io" transform="translate({x:.0f},{y:.0f})"><title>{e(label)}</title>'
+                       f'<rect width="{NODE_W}" height="{NODE_H}" rx="13"/>'
+                       f'<text x="{NODE_W / 2:.0f}" y="17">{e(_short(label, 20))}</text></g>')
+            continue
+        cat = category(op)
+        tip = (f"{op.get('name')}\n{op.get('op_type')} · {op.get('class')} · {op.get('precision')}\n"
+               f"{op.get('reason') or ''}")
+        out.append(f'<g class="g-n g-{cat}" id="g-op-{v}" data-i="{v}" data-grp="{e(group_of(op))}" '
+                   f'data-find="{e(str(op.get("name") or "").lower())} {e(label.lower())}" '
+                   f'transform="translate({x:.0f},{y:.0f})"><title>{e(tip)}</title>'
+                   f'<rect width="{NODE_W}" height="{NODE_H}" rx="4"/>'
+                   f'<text x="{NODE_W / 2:.0f}" y="17">{e(_short(label, 18))}</text></g>')
+    out.append("</svg></div>")
+    return "".join(out)
+
+
+def _groups(d: Drawing) -> list[str]:
+    """A labelled box behind each module group of two or more ops (the unit the script collapses)."""
+    boxes: dict[str, list[int]] = {}
+    for v, op in enumerate(d.ops):
+        if op is not None and group_of(op):
+            boxes.setdefault(group_of(op), []).append(v)
+    out = []
+    for name, members in boxes.items():
+        if len(members) < 2:
+            continue
+        xs = [d.xy[v][0] for v in members]
+        ys = [d.xy[v][1] for v in members]
+        x0, y0, x1, y1 = min(xs) - 8, min(ys) - 18, max(xs) + NODE_W + 8, max(ys) + NODE_H + 8
+        cats: dict[str, int] = {}
+        for v in members:
+            cats[CATEGORIES[category(d.ops[v])]] = cats.get(CATEGORIES[category(d.ops[v])], 0) + 1
+        mix = ", ".join(f"{n} {k}" for k, n in sorted(cats.items(), key=lambda kv: -kv[1]))
+        label = html.escape(f"{name}: {len(members)} ops ({mix})")
+        out.append(f'<g class="g-grp" data-grp="{html.escape(name)}"><title>{label}</title>'
+                   f'<rect x="{x0:.0f}" y="{y0:.0f}" width="{x1 - x0:.0f}" height="{y1 - y0:.0f}" rx="6"/>'
+                   f'<text x="{x0 + 6:.0f}" y="{y0 + 12:.0f}">{html.escape(_short(name, 48))} · '
+                   f'{len(members)} ops</text></g>')
+    return out
+
+
+def _short(s: str, n: int) -> str:
+    return s if len(s) <= n else s[:n - 1] + "…"
+
+
+GRAPH_CSS = """
+.g-legend{display:flex;flex-wrap:wrap;gap:12px;color:var(--muted);font-size:12px}.g-key svg{vertical-align:middle}
+.g-view{height:640px;border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;cursor:grab}
+#g-svg{width:100%;height:100%;display:block;font:11px system-ui,sans-serif}
+.g-n rect,.g-io rect,.g-castmark{stroke:#0003;stroke-width:1}.g-n{cursor:pointer}
+.g-n text,.g-io text{text-anchor:middle;fill:#1d232b}
+.g-fp16{fill:#7fd39a}.g-bf16{fill:#80c8dd}.g-fp32-rule{fill:#f5a35c}.g-fp32-cost{fill:#ffd9a8}
+.g-unknown{fill:#f28b82}.g-none{fill:#d5dae0}.g-io rect{fill:#fff;stroke-dasharray:3 2}
+.g-edge{fill:none;stroke:#8b95a1;stroke-width:1.2}.g-edge.g-cast{stroke:#7b3fe4;stroke-width:2;stroke-dasharray:5 3}
+.g-grp rect{fill:#f3f5f8;stroke:#c9d0d8}.g-grp text{fill:var(--muted);font-size:10px}
+.g-grp.collapsed rect{fill:#e3e8ee;stroke:#6e7781;stroke-width:1.5}.g-grp.collapsed text{font-size:12px;fill:var(--fg)}
+.g-hide{display:none}.g-dim{opacity:.25}.g-hit rect{stroke:#d00;stroke-width:3}
+tr.g-sel td{outline:2px solid #7b3fe4}.g-info{color:var(--muted);min-height:1.4em;margin-top:6px;white-space:pre-wrap}
+"""
+
+# Structure only; every model string is already escaped in the SVG's attributes.
+GRAPH_JS = """
+(function(){var svg=document.getElementById("g-svg");if(!svg)return;
+var tools=document.querySelector(".g-tools");tools.hidden=false;
+var W=+svg.dataset.w,H=+svg.dataset.h,vb;
+function set(b){vb=b;svg.setAttribute("viewBox",b.join(" "));}
+function aspect(){var r=svg.getBoundingClientRect();return Math.max(r.height,1)/Math.max(r.width,1);}
+function top(){var w=Math.max(W,svg.getBoundingClientRect().width);set([(W-w)/2,0,w,w*aspect()]);}
+function fit(){var a=aspect(),w=Math.max(W,H/a);set([(W-w)/2,0,w,w*a]);}
+function zoom(f,cx,cy){cx=cx===undefined?vb[0]+vb[2]/2:cx;cy=cy===undefined?vb[1]+vb[3]/2:cy;
+ set([cx-(cx-vb[0])*f,cy-(cy-vb[1])*f,vb[2]*f,vb[3]*f]);}
+function pt(ev){var r=svg.getBoundingClientRect();return [vb[0]+(ev.clientX-r.left)*vb[2]/r.width,
+ vb[1]+(ev.clientY-r.top)*vb[3]/r.height];}
+top();
+svg.addEventListener("wheel",function(ev){ev.preventDefault();var p=pt(ev);zoom(ev.deltaY>0?1.15:1/1.15,p[0],p[1]);},
+ {passive:false});
+var drag=null;svg.addEventListener("mousedown",function(ev){drag=[ev.clientX,ev.clientY,vb.slice()];});
+window.addEventListener("mouseup",function(){drag=null;});
+window.addEventListener("mousemove",function(ev){if(!drag)return;var r=svg.getBoundingClientRect();
+ set([drag[2][0]-(ev.clientX-drag[0])*vb[2]/r.width,drag[2][1]-(ev.clientY-drag[1])*vb[3]/r.height,vb[2],vb[3]]);});
+function center(g){var t=g.transform.baseVal.consolidate().matrix;set([t.e-vb[2]/2,t.f-vb[3]/2,vb[2],vb[3]]);}
+var table=document.getElementById("ops");
+if(table){Array.prototype.forEach.call(table.tBodies[0].rows,function(r){r.id="op-"+r.cells[0].textContent;});}
+var info=document.getElementById("g-info");
+svg.querySelectorAll(".g-n").forEach(function(g){g.addEventListener("click",function(){
+ info.textContent=g.querySelector("title").textContent;
+ var row=document.getElementById("op-"+g.dataset.i);if(!row)return;
+ document.querySelectorAll("tr.g-sel").forEach(function(r){r.classList.remove("g-sel");});
+ row.classList.add("g-sel");row.style.display="";row.scrollIntoView({block:"center"});});});
+var nodes=Array.prototype.slice.call(svg.querySelectorAll(".g-n")),hits=[],at=0,
+ found=document.getElementById("g-found"),box=document.getElementById("g-search");
+box.addEventListener("input",function(){var q=box.value.toLowerCase().trim();hits=[];at=0;
+ nodes.forEach(function(g){var ok=q&&g.dataset.find.indexOf(q)>=0;g.classList.toggle("g-hit",!!ok);
+  g.classList.toggle("g-dim",!!q&&!ok);if(ok)hits.push(g);});
+ found.textContent=q?hits.length+" found":"";if(hits.length)center(hits[0]);});
+box.addEventListener("keydown",function(ev){if(ev.key==="Enter"&&hits.length){at=(at+1)%hits.length;center(hits[at]);
+ found.textContent=(at+1)+" of "+hits.length;}});
+function collapse(grp,on){var sel='[data-grp="'+CSS.escape(grp.dataset.grp)+'"]';
+ grp.classList.toggle("collapsed",on);if(on)svg.appendChild(grp);else svg.insertBefore(grp,svg.firstChild);
+ svg.querySelectorAll(".g-n"+sel).forEach(function(g){g.classList.toggle("g-hide",on);});}
+svg.querySelectorAll(".g-grp").forEach(function(grp){grp.addEventListener("click",function(ev){
+ collapse(grp,!grp.classList.contains("collapsed"));ev.stopPropagation();});});
+tools.addEventListener("click",function(ev){var a=ev.target.dataset.g;if(!a)return;
+ if(a==="in")zoom(1/1.3);if(a==="out")zoom(1.3);if(a==="fit")fit();
+ if(a==="collapse"||a==="expand")svg.querySelectorAll(".g-grp").forEach(function(g){collapse(g,a==="collapse");});});
+})();
+"""
+
+__all__ = ["CATEGORIES", "GRAPH_CSS", "GRAPH_JS", "Drawing", "build", "category", "group_of", "html_views", "render"]
