@@ -29,6 +29,8 @@ examples:
       run the FP32 model once on real inputs; ops whose activations exceed FP16's range stay FP32
   amp-compile model.onnx -o model.mp.onnx --fallback --tolerance 1e-3 --runtime reference
       move the ops that add the most error to FP32, re-plan, repeat until within tolerance
+  amp-compile --compare plan_a.json plan_b.json
+      which ops changed precision between two saved JSON reports, and the predicted effect
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
 --tolerance; 2 bad input or options (one line on stderr names the file, op and reason;
@@ -90,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
+    p.add_argument("--no-annotate", dest="annotate", action="store_false",
+                   help="do not write each node's precision, class and reason into its metadata_props/doc_string")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("--debug", action="store_true", help="show the Python traceback on errors")
     return p
@@ -118,6 +122,10 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``amp-compile``; returns the exit status (see ``EXAMPLES``). Errors are one line on stderr."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--compare" in argv:  # two saved plans, no model: plan_diff.py
+        from .plan_diff import main as compare_main
+        return compare_main(argv)
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
@@ -177,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
-                                deny_propagation=args.deny_propagation)
+                                deny_propagation=args.deny_propagation, annotate=args.annotate)
     if args.fallback:
         converted, report, _ = convert_with_fallback(convert, original, feeds, args.tolerance,
                                                      deny_nodes=args.deny_node, progress=progress,

@@ -10,6 +10,7 @@ from onnx import ModelProto
 
 from .errors import ConversionError
 from .gcpause import gc_paused
+from .onnx_io.annotate import annotate_model
 from .onnx_io.emitter import emit
 from .onnx_io.files import load_model
 from .onnx_io.importer import import_model
@@ -25,7 +26,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
                  base_dir: str | os.PathLike | None = None,
-                 deny_propagation: bool = False) -> tuple[ModelProto, Report]:
+                 deny_propagation: bool = False, annotate: bool = True) -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -53,6 +54,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
     from them are cast while saving, so save the result with ``onnx_io.files.save_model``.
+    ``annotate=False`` leaves the nodes' ``metadata_props``/``doc_string`` without the
+    plan's decisions (``onnx_io.annotate``), for byte-minimal files.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
@@ -77,7 +80,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     report = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
-    return emit(imp), report
+    return (annotate_model(emit(imp), report) if annotate else emit(imp)), report
 
 
 def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
