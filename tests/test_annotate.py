@@ -1,0 +1,83 @@
+"""Each converted node carries its decision in metadata_props (IR >= 10) or doc_string."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from amp_compiler import convert_onnx
+from amp_compiler.cli import main
+from amp_compiler.onnx_io.annotate import PREFIX, annotate_model, annotated_fraction
+from benchmarks.synthetic import transformer_graph
+
+
+def _model(ir_version: int) -> onnx.ModelProto:
+    m = transformer_graph(48, hidden=64, seq=8, batch=2)
+    m.ir_version = ir_version
+    m.graph.node[0].doc_string = "written by the exporter"
+    return m
+
+
+def _meta(node: onnx.NodeProto) -> dict[str, str]:
+    return {p.key[len(PREFIX):]: p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
+
+
+@pytest.mark.parametrize("ir_version", [9, 10])
+def test_nodes_carry_their_decision_and_the_model_still_checks_and_runs(ir_version):
+    out, report = convert_onnx(_model(ir_version), planner="all")  # 'all': FP16 ops, FP32 deny ops and casts
+    assert annotated_fraction(out) >= 0.9
+    onnx.checker.check_model(out, full_check=True)
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.ones((2, 8, 64), np.float32)})[0]
+    assert np.isfinite(y).all()
+    ops = {o["outputs"][0]: o for o in report.ops if o["outputs"]}
+    for node in out.graph.node:
+        op = ops.get(node.output[0])
+        if op is None:
+            continue
+        if ir_version >= 10:
+            assert _meta(node) == {"precision": op["precision"], "class": op["class"], "reason": op["reason"]}
+        else:
+            assert f"precision={op['precision']}; class={op['class']}; reason={op['reason']}" in node.doc_string
+    first = _model(ir_version).graph.node[0].name
+    kept = next(n for n in out.graph.node if n.name == first)
+    assert kept.doc_string.startswith("written by the exporter")  # a source doc string survives
+
+
+def test_inserted_casts_say_which_edge_they_serve():
+    out, report = convert_onnx(_model(10), planner="all")
+    inserted = [c for c in report.casts if c["inserted"]]
+    assert inserted
+    nodes = {n.output[0]: n for n in out.graph.node}
+    for cast in inserted:
+        node = nodes[cast["output"]]
+        readers = [n.name for n in out.graph.node if cast["output"] in n.input]
+        meta = _meta(node)
+        assert meta["class"] == "inserted cast"
+        assert meta["cast"].startswith(f"{cast['from']} -> {cast['to']} on {cast['tensor']} -> ")
+        assert all(r in meta["cast"] for r in readers)
+
+
+def test_annotating_twice_replaces_rather_than_repeats():
+    out, report = convert_onnx(_model(9), planner="all")
+    before = [n.doc_string for n in out.graph.node]
+    annotate_model(out, report)
+    assert [n.doc_string for n in out.graph.node] == before
+    out10, report10 = convert_onnx(_model(10), planner="all")
+    counts = [len(n.metadata_props) for n in out10.graph.node]
+    annotate_model(out10, report10)
+    assert [len(n.metadata_props) for n in out10.graph.node] == counts
+
+
+def test_annotation_can_be_turned_off(tmp_path):
+    plain, _ = convert_onnx(_model(10), annotate=False)
+    assert annotated_fraction(plain) == 0.0
+    src = tmp_path / "m.onnx"
+    onnx.save(_model(10), src)
+    assert main([str(src), "-o", str(tmp_path / "off.onnx"), "-q", "--no-annotate"]) == 0
+    assert main([str(src), "-o", str(tmp_path / "on.onnx"), "-q"]) == 0
+    off, on = onnx.load(tmp_path / "off.onnx"), onnx.load(tmp_path / "on.onnx")
+    assert annotated_fraction(off) == 0.0 and annotated_fraction(on) >= 0.9
+    assert off.ByteSize() < on.ByteSize()
