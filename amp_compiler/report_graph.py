@@ -149,9 +149,19 @@ def _layout(d: Drawing) -> None:
 
 
 def _topo(n: int, preds: list[list[int]]) -> list[int]:
-    """A topological order: ops are listed in one, pseudo-nodes go by their (earlier) producer.
-    For an edge p -> v: max(preds[p]) < p <= max(preds[v]), so p sorts first."""
-    return sorted(range(n), key=lambda v: (max(preds[v], default=-1), v))
+    """Kahn's topological order (input pseudo-nodes are numbered after the ops they feed)."""
+    succs: list[list[int]] = [[] for _ in range(n)]
+    missing = [len(p) for p in preds]
+    for v, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(v)
+    order = [v for v in range(n) if not missing[v]]
+    for v in order:  # the list grows while it is read
+        for w in succs[v]:
+            missing[w] -= 1
+            if not missing[w]:
+                order.append(w)
+    return order
 
 
 def render(data: Mapping[str, Any]) -> str:
@@ -278,9 +288,10 @@ GRAPH_CSS = """
 tr.g-sel td{outline:2px solid #7b3fe4}.g-info{color:var(--muted);min-height:1.4em;margin-top:6px;white-space:pre-wrap}
 """
 
-# Structure only; every model string is already escaped in the SVG's attributes.
+# Structure only; every model string is already escaped in the SVG's attributes. It runs once the
+# page is parsed: the op table (row ids for click-to-row) comes after the graph.
 GRAPH_JS = """
-(function(){var svg=document.getElementById("g-svg");if(!svg)return;
+document.addEventListener("DOMContentLoaded",function(){var svg=document.getElementById("g-svg");if(!svg)return;
 var tools=document.querySelector(".g-tools");tools.hidden=false;
 var W=+svg.dataset.w,H=+svg.dataset.h,vb;
 function set(b){vb=b;svg.setAttribute("viewBox",b.join(" "));}
@@ -323,7 +334,7 @@ svg.querySelectorAll(".g-grp").forEach(function(grp){grp.addEventListener("click
 tools.addEventListener("click",function(ev){var a=ev.target.dataset.g;if(!a)return;
  if(a==="in")zoom(1/1.3);if(a==="out")zoom(1.3);if(a==="fit")fit();
  if(a==="collapse"||a==="expand")svg.querySelectorAll(".g-grp").forEach(function(g){collapse(g,a==="collapse");});});
-})();
+});
 """
 
 __all__ = ["CATEGORIES", "GRAPH_CSS", "GRAPH_JS", "Drawing", "build", "category", "group_of", "html_views", "render"]

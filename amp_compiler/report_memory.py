@@ -85,10 +85,14 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
         for name in op.get("inputs") or ():
             if name in cast_outputs:
                 start.setdefault(name, i)  # an inserted cast sits right before its first reader
+                end[cast_outputs[name]] = i  # without the cast (FP32, all-FP16) the op reads the source
             end[name] = i
         for name in op.get("outputs") or ():
             start.setdefault(name, i)
             end.setdefault(name, i)
+    for name, src in cast_outputs.items():
+        if name not in start and src in end:  # a cast nobody reads: it writes a graph output
+            start[name] = end[src]
     last = max(len(ops) - 1, 0)
     deltas = {s: [0] * (len(ops) + 1) for s in SCENARIOS}
     for name, t in table.items():
