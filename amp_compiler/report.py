@@ -51,7 +51,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .report_graph import html_views
+from .report_graph import GRAPH_JS, html_views
 
 __all__ = ["SCHEMA_VERSION", "Report", "SAVE_FORMATS"]
 
@@ -907,7 +907,7 @@ class Report:
             parts.append("</section>")
 
         parts.append("</main>")
-        parts.append(f"<script>{_JS}</script>")
+        parts.append(f"<script>{_JS}{GRAPH_JS}</script>")  # one script element: ours
         parts.append("</body></html>\n")
         return "\n".join(parts)
 

@@ -89,7 +89,7 @@ def _bars(css_id: str, rows: list[tuple[str, dict[str, float]]], fmt) -> str:
     top = max((v for _, r in rows for v in r.values()), default=0.0) or 1.0
     group_h = ROW_H * len(SERIES) + 8
     height = group_h * len(rows) + 24
-    out = [f'<svg id="{css_id}" class="chart" xmlns="http://www.w3.org/2000/svg" width="{LABEL_W + BAR_W + 90}" '
+    out = [f'<svg id="{css_id}" class="chart" width="{LABEL_W + BAR_W + 90}" '
            f'height="{height}" font-size="11" font-family="system-ui,sans-serif">']
     x = LABEL_W
     for k, (_, label, colour) in enumerate(SERIES):  # legend

@@ -181,10 +181,11 @@ def render(data: Mapping[str, Any]) -> str:
 
 
 def html_views(data: Mapping[str, Any]) -> str:
-    """The report's pictures: the graph and where the time and memory go (with their CSS and script)."""
+    """The report's pictures: the graph and where the time and memory go, with their CSS
+    (``GRAPH_JS`` goes into the page's one script element)."""
     from .report_charts import render as render_charts
 
-    return f"<style>{GRAPH_CSS}</style>{render(data)}{render_charts(data)}<script>{GRAPH_JS}</script>"
+    return f"<style>{GRAPH_CSS}</style>{render(data)}{render_charts(data)}"
 
 
 def _legend() -> str:
@@ -204,7 +205,7 @@ def _toolbar() -> str:
 
 def _svg(d: Drawing) -> str:
     e = html.escape
-    out = [f'<div class="g-view"><svg id="g-svg" xmlns="http://www.w3.org/2000/svg" '
+    out = [f'<div class="g-view"><svg id="g-svg" '
            f'viewBox="0 0 {d.width:.0f} {d.height:.0f}" data-w="{d.width:.0f}" data-h="{d.height:.0f}" '
            'role="img" aria-label="op graph coloured by precision">']
     out += _groups(d)
