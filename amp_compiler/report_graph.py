@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-NODE_W, NODE_H, ROW_H, COL_W, PAD = 132, 26, 54, 150, 24
+NODE_W, NODE_H, ROW_H, COL_W, PAD = 132, 26, 50, 172, 24
 MAX_DRAWN = 4000  # ops; beyond this the SVG would be slower to open than the table is to read
 
 # colour category -> legend label (CSS in GRAPH_CSS)
@@ -209,11 +209,8 @@ def _svg(d: Drawing) -> str:
            f'viewBox="0 0 {d.width:.0f} {d.height:.0f}" data-w="{d.width:.0f}" data-h="{d.height:.0f}" '
            'role="img" aria-label="op graph coloured by precision">']
     out += _groups(d)
-    for k, edge in enumerate(d.edges):
-        (x1, y1), (x2, y2) = d.xy[edge.src], d.xy[edge.dst]
-        x1, x2, y1 = x1 + NODE_W / 2, x2 + NODE_W / 2, y1 + NODE_H
-        bend = (y2 - y1) / 2
-        path = f"M{x1:.0f} {y1:.0f}C{x1:.0f} {y1 + bend:.0f} {x2:.0f} {y2 - bend:.0f} {x2:.0f} {y2:.0f}"
+    for edge in d.edges:
+        path, (mx, my) = _route(d.xy[edge.src], d.xy[edge.dst])
         ends = f'data-s="{edge.src}" data-d="{edge.dst}"'
         if edge.cast is None:
             out.append(f'<path class="g-edge" {ends} d="{path}"/>')
@@ -221,7 +218,6 @@ def _svg(d: Drawing) -> str:
         c = edge.cast
         tip = f"cast {c.get('from')} → {c.get('to')} of {c.get('tensor')} ({c.get('name')}): {c.get('reason') or ''}"
         to = category({"precision": c.get("to")})
-        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
         out.append(f'<g class="g-castedge" {ends}><title>{e(tip)}</title><path class="g-edge g-cast" d="{path}"/>'
                    f'<rect class="g-{to} g-castmark" x="{mx - 5:.0f}" y="{my - 5:.0f}" width="10" height="10" '
                    f'transform="rotate(45 {mx:.0f} {my:.0f})"/></g>')
@@ -243,6 +239,22 @@ def _svg(d: Drawing) -> str:
                    f'<text x="{NODE_W / 2:.0f}" y="17">{e(_short(label, 18))}</text></g>')
     out.append("</svg></div>")
     return "".join(out)
+
+
+def _route(a: tuple[float, float], b: tuple[float, float]) -> tuple[str, tuple[float, float]]:
+    """An edge's SVG path and its midpoint: bottom to top between adjacent rows; an edge that
+    skips rows (a residual) leaves and enters on the right and bows into the gap between columns,
+    so it never runs through the ops of its own column."""
+    (x1, y1), (x2, y2) = a, b
+    if y2 - y1 <= ROW_H:
+        x1, x2, y1 = x1 + NODE_W / 2, x2 + NODE_W / 2, y1 + NODE_H
+        bend = (y2 - y1) / 2
+        return (f"M{x1:.0f} {y1:.0f}C{x1:.0f} {y1 + bend:.0f} {x2:.0f} {y2 - bend:.0f} {x2:.0f} {y2:.0f}",
+                ((x1 + x2) / 2, (y1 + y2) / 2))
+    x1, x2, y1, y2 = x1 + NODE_W, x2 + NODE_W, y1 + NODE_H / 2, y2 + NODE_H / 2
+    bow = (COL_W - NODE_W) * 0.9 / 0.75  # a cubic reaches 3/4 of its control points' offset
+    return (f"M{x1:.0f} {y1:.0f}C{x1 + bow:.0f} {y1:.0f} {x2 + bow:.0f} {y2:.0f} {x2:.0f} {y2:.0f}",
+            ((x1 + x2) / 2 + 0.75 * bow, (y1 + y2) / 2))
 
 
 def _groups(d: Drawing) -> list[str]:
@@ -276,7 +288,7 @@ def _short(s: str, n: int) -> str:
 
 GRAPH_CSS = """
 .g-legend{display:flex;flex-wrap:wrap;gap:12px;color:var(--muted);font-size:12px}.g-key svg{vertical-align:middle}
-.g-view{height:640px;border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;cursor:grab}
+.g-view{height:min(80vh,900px);border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;cursor:grab}
 #g-svg{width:100%;height:100%;display:block;font:11px system-ui,sans-serif}
 .g-n rect,.g-io rect,.g-castmark{stroke:#0003;stroke-width:1}.g-n{cursor:pointer}
 .g-n text,.g-io text{text-anchor:middle;fill:#1d232b}
@@ -297,7 +309,7 @@ var tools=document.querySelector(".g-tools");tools.hidden=false;
 var W=+svg.dataset.w,H=+svg.dataset.h,vb;
 function set(b){vb=b;svg.setAttribute("viewBox",b.join(" "));}
 function aspect(){var r=svg.getBoundingClientRect();return Math.max(r.height,1)/Math.max(r.width,1);}
-function top(){var w=Math.max(W,svg.getBoundingClientRect().width);set([(W-w)/2,0,w,w*aspect()]);}
+function top(){var w=Math.max(W,svg.getBoundingClientRect().width/0.75);set([(W-w)/2,0,w,w*aspect()]);}
 function fit(){var a=aspect(),w=Math.max(W,H/a);set([(W-w)/2,0,w,w*a]);}
 function zoom(f,cx,cy){cx=cx===undefined?vb[0]+vb[2]/2:cx;cy=cy===undefined?vb[1]+vb[3]/2:cy;
  set([cx-(cx-vb[0])*f,cy-(cy-vb[1])*f,vb[2]*f,vb[3]*f]);}
