@@ -78,7 +78,8 @@ def _weights(table: dict[str, Mapping]) -> dict[str, int]:
 
 def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str, int]:
     """Peak live bytes in each scenario, sweeping the op order once."""
-    cast_outputs = {c.get("output"): c.get("tensor") for c in casts if isinstance(c, Mapping) and c.get("output")}
+    cast_outputs = {c.get("output"): c.get("tensor") for c in casts  # inserted ones: the source's are ops
+                    if isinstance(c, Mapping) and c.get("output") and c.get("inserted", True)}
     start: dict[str, int] = {}
     end: dict[str, int] = {}
     for i, op in enumerate(ops):

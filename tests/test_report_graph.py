@@ -108,6 +108,23 @@ def test_memory_is_in_the_summary_and_adds_up():
     assert predicted_memory(report.data) == {k: s[k] for k in MEMORY_KEYS}
 
 
+def test_casts_of_the_source_model_count_in_every_scenario():
+    """x -> Cast(FP16) -> Relu -> Cast(FP32) -> y: the model's own casts are ops, in FP32 and all-FP16 too."""
+    nodes = [helper.make_node("Cast", ["x"], ["h"], name="c1", to=TensorProto.FLOAT16),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Cast", ["r"], ["y"], name="c2", to=TensorProto.FLOAT)]
+    g = helper.make_graph(nodes, "casts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000])])
+    _, report = convert_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    assert {c["name"] for c in report.casts if not c["inserted"]} == {"c1", "c2"}
+    assert [o["precision"] for o in report.ops] == ["float16", "float16", "float32"]
+    assert not any(c["inserted"] for c in report.casts)
+    s = report.summary  # two of x, h, r, y alive at once; x (4 bytes) lives only until c1 has read it
+    assert s["predicted_memory_activations_fp32_bytes"] == 2 * 1000 * 4
+    assert s["predicted_memory_activations_all_fp16_bytes"] == 2 * 1000 * 2
+    assert s["predicted_memory_activations_mixed_bytes"] == 1000 * 4 + 1000 * 2
+
+
 def test_time_chart_totals_match_the_summary(synthetic):
     _, report = synthetic
     kinds, casts = time_by_kind(report.data)
