@@ -1,7 +1,7 @@
 """Where the time and memory go: inline SVG bar charts for the HTML report.
 
 * Predicted time by op kind (canonical op, else op type) in FP32, as planned (mixed) and
-  all in the low dtype, the heaviest kinds first; the casts' share of the mixed time is
+  all in the low dtype (deny and unknown ops stay FP32 there), the heaviest kinds first; the casts' share of the mixed time is
   the summary's mixed total less the sum of the ops' planned times.
 * Predicted memory: weights stored and peak live activations in FP32, mixed and all-FP16,
   from the summary's ``predicted_memory_*`` keys, else computed from the report's tensors
@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from .report_memory import predicted_memory
 
 TOP_KINDS = 12
+_ALWAYS_FP32 = ("deny", "unknown")  # FP32 in the all-low-precision plan too, as in the summary's ceiling
 BAR_W, LABEL_W, ROW_H = 420, 150, 15
 SERIES = (("fp32", "FP32", "#f5a35c"), ("mixed", "mixed (planned)", "#7b3fe4"), ("low", "all low precision", "#7fd39a"))
 
@@ -32,7 +33,7 @@ def time_by_kind(data: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, flo
         t32, tlow = _num(op.get("predicted_time_fp32_s")), _num(op.get("predicted_time_fp16_s"))
         row = kinds.setdefault(kind, {"fp32": 0.0, "mixed": 0.0, "low": 0.0})
         row["fp32"] += t32
-        row["low"] += tlow
+        row["low"] += t32 if op.get("class") in _ALWAYS_FP32 else tlow
         row["mixed"] += tlow if op.get("precision") in ("float16", "bfloat16") else t32
     ops_mixed = sum(r["mixed"] for r in kinds.values())
     casts = max(_num((data.get("summary") or {}).get("predicted_time_mixed_s")) - ops_mixed, 0.0)

@@ -132,6 +132,14 @@ def test_time_chart_totals_match_the_summary(synthetic):
     assert mixed == pytest.approx(report.summary["predicted_time_mixed_s"])
     assert sum(v["fp32"] for _, v in kinds) == pytest.approx(sum(o["predicted_time_fp32_s"] for o in report.ops))
     assert casts > 0
+    deny = {o["canonical"] for o in report.ops if o["class"] == "deny"}
+    assert deny and all(v["low"] == v["fp32"] for k, v in kinds if k in deny)  # deny ops stay FP32 in all-low
+
+
+def test_graphs_too_large_to_draw_say_so():
+    ops = [{"name": f"n{i}", "op_type": "Relu", "inputs": [f"t{i}"], "outputs": [f"t{i + 1}"]} for i in range(4001)]
+    assert "more than the 4,000" in render({"ops": ops})
+    assert render({"ops": ops[:50]}).count('class="g-n ') == 50
 
 
 # ---- a real headless browser ---------------------------------------------------------------
