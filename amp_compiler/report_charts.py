@@ -1,8 +1,9 @@
 """Where the time and memory go: inline SVG bar charts for the HTML report.
 
 * Predicted time by op kind (canonical op, else op type) in FP32, as planned (mixed) and
-  all in the low dtype (deny and unknown ops stay FP32 there), the heaviest kinds first; the casts' share of the mixed time is
-  the summary's mixed total less the sum of the ops' planned times.
+  all in the low dtype (deny and unknown ops stay FP32 there), the heaviest kinds first;
+  the casts' share of the mixed time is the summary's mixed total less the sum of the
+  ops' planned times.
 * Predicted memory: weights stored and peak live activations in FP32, mixed and all-FP16,
   from the summary's ``predicted_memory_*`` keys, else computed from the report's tensors
   (``report_memory.predicted_memory``). See docs/architecture.md (Report).

@@ -67,23 +67,41 @@ class Drawing:
 
     labels: list[str] = field(default_factory=list)
     ops: list[Mapping[str, Any] | None] = field(default_factory=list)  # None for a pseudo-node
+    index: list[int] = field(default_factory=list)  # the op's position in the report's ops (-1: pseudo)
     edges: list[Edge] = field(default_factory=list)
     xy: list[tuple[float, float]] = field(default_factory=list)
     width: float = 0.0
     height: float = 0.0
+    hidden: int = 0  # ops without float data, not drawn
+
+
+def drawn(data: Mapping[str, Any]) -> list[int]:
+    """Indices of the ops the graph shows: those that read or write a float tensor. Shape
+    arithmetic and integer constants (a third of a TorchScript export) have no precision to
+    show and would only widen the picture; the table lists them. All ops without a tensors table."""
+    ops = data.get("ops") or []
+    table = data.get("tensors")
+    if not isinstance(table, list):
+        return list(range(len(ops)))
+    floats = {t.get("name") for t in table if isinstance(t, Mapping)}
+    return [i for i, op in enumerate(ops) if isinstance(op, Mapping)
+            and any(t in floats for t in (*(op.get("inputs") or ()), *(op.get("outputs") or ())))]
 
 
 def build(data: Mapping[str, Any]) -> Drawing:
     """Nodes and edges from a report dict; an edge through an inserted cast carries the cast."""
     d = Drawing()
-    ops = [o for o in data.get("ops") or [] if isinstance(o, Mapping)]
+    ops = data.get("ops") or []
     casts = {c.get("output"): c for c in data.get("casts") or [] if isinstance(c, Mapping) and c.get("output")}
     producer: dict[str, int] = {}
-    for i, op in enumerate(ops):
+    for i in drawn(data):
+        op = ops[i]
+        producer.update((t, len(d.ops)) for t in op.get("outputs") or ())
         d.ops.append(op)
+        d.index.append(i)
         d.labels.append(str(op.get("op_type") or "?"))
-        for t in op.get("outputs") or ():
-            producer[t] = i
+    d.hidden = len(ops) - len(d.ops)
+    graph_inputs = {t.get("name") for t in data.get("tensors") or [] if t.get("kind") == "input"}
     inputs: dict[str, int] = {}
 
     def source(tensor: str) -> tuple[int | None, Mapping | None]:
@@ -95,17 +113,16 @@ def build(data: Mapping[str, Any]) -> Drawing:
         if tensor in producer:
             return producer[tensor], cast
         if cast is None and tensor not in graph_inputs:
-            return None, None  # a weight
+            return None, None  # a weight, or an op not drawn
         if tensor not in inputs:
             inputs[tensor] = _pseudo(d, tensor)
         return inputs[tensor], cast
 
-    graph_inputs = {t.get("name") for t in data.get("tensors") or [] if t.get("kind") == "input"}
-    for i, op in enumerate(ops):
-        for t in op.get("inputs") or ():
+    for v in range(len(d.ops)):
+        for t in d.ops[v].get("inputs") or ():
             src, cast = source(t)
-            if src is not None and src != i:
-                d.edges.append(Edge(src, i, t, cast))
+            if src is not None and src != v:
+                d.edges.append(Edge(src, v, t, cast))
     for t in data.get("tensors") or []:
         if t.get("graph_output"):
             src, cast = source(t["name"])
@@ -117,6 +134,7 @@ def build(data: Mapping[str, Any]) -> Drawing:
 
 def _pseudo(d: Drawing, tensor: str, kind: str = "input") -> int:
     d.ops.append(None)
+    d.index.append(-1)
     d.labels.append(f"{kind}: {tensor}")
     return len(d.labels) - 1
 
@@ -129,6 +147,12 @@ def _layout(d: Drawing) -> None:
     row = [0] * n
     for v in _topo(n, preds):
         row[v] = 1 + max((row[p] for p in preds[v]), default=-1)
+    first_use: dict[int, int] = {}
+    for e in d.edges:
+        first_use[e.src] = min(first_use.get(e.src, row[e.dst]), row[e.dst])
+    for v in range(n):  # a source (input, op on weights only) sits just above its first reader
+        if not preds[v] and v in first_use:
+            row[v] = max(first_use[v] - 1, 0)
     rows: dict[int, list[int]] = {}
     for v in range(n):
         rows.setdefault(row[v], []).append(v)
@@ -177,7 +201,10 @@ def render(data: Mapping[str, Any]) -> str:
         return head + (f'<p class="none">{len(ops):,} ops: more than the {MAX_DRAWN:,} the drawing shows; '
                        'the table and charts below cover every op.</p></section>')
     d = build(data)
-    return head + _legend() + _toolbar() + _svg(d) + '<div id="g-info" class="g-info"></div></section>'
+    note = (f'<p class="meta">{d.hidden:,} ops without float data (shape arithmetic, integer constants) are '
+            'not drawn; the table lists them.</p>' if d.hidden else "")
+    return (head + _legend() + note + _toolbar() + _svg(d)
+            + '<div id="g-info" class="g-info"></div></section>')
 
 
 def html_views(data: Mapping[str, Any]) -> str:
@@ -232,7 +259,8 @@ def _svg(d: Drawing) -> str:
         cat = category(op)
         tip = (f"{op.get('name')}\n{op.get('op_type')} · {op.get('class')} · {op.get('precision')}\n"
                f"{op.get('reason') or ''}")
-        out.append(f'<g class="g-n g-{cat}" id="g-op-{v}" data-i="{v}" data-grp="{e(group_of(op))}" '
+        i = d.index[v]
+        out.append(f'<g class="g-n g-{cat}" id="g-op-{i}" data-i="{i}" data-grp="{e(group_of(op))}" '
                    f'data-find="{e(str(op.get("name") or "").lower())} {e(label.lower())}" '
                    f'transform="translate({x:.0f},{y:.0f})"><title>{e(tip)}</title>'
                    f'<rect width="{NODE_W}" height="{NODE_H}" rx="4"/>'
@@ -288,7 +316,8 @@ def _short(s: str, n: int) -> str:
 
 GRAPH_CSS = """
 .g-legend{display:flex;flex-wrap:wrap;gap:12px;color:var(--muted);font-size:12px}.g-key svg{vertical-align:middle}
-.g-view{height:min(80vh,900px);border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;cursor:grab}
+.g-view{height:min(80vh,900px);border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;
+cursor:grab}
 #g-svg{width:100%;height:100%;display:block;font:11px system-ui,sans-serif}
 .g-n rect,.g-io rect,.g-castmark{stroke:#0003;stroke-width:1}.g-n{cursor:pointer}
 .g-n text,.g-io text{text-anchor:middle;fill:#1d232b}
@@ -350,4 +379,5 @@ tools.addEventListener("click",function(ev){var a=ev.target.dataset.g;if(!a)retu
 });
 """
 
-__all__ = ["CATEGORIES", "GRAPH_CSS", "GRAPH_JS", "Drawing", "build", "category", "group_of", "html_views", "render"]
+__all__ = ["CATEGORIES", "GRAPH_CSS", "GRAPH_JS", "Drawing", "build", "category", "drawn", "group_of", "html_views",
+           "render"]

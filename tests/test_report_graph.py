@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from amp_compiler import convert_onnx
 from amp_compiler.report import Report
 from amp_compiler.report_charts import time_by_kind
-from amp_compiler.report_graph import build, category, group_of, render
+from amp_compiler.report_graph import build, category, drawn, group_of, render
 from amp_compiler.report_memory import MEMORY_KEYS, predicted_memory
 from benchmarks.synthetic import transformer_graph
 
@@ -35,7 +35,8 @@ def test_edges_follow_the_data_and_casts_sit_on_them(synthetic):
     model, report = synthetic
     d = build(report.data)
     ops = report.ops
-    assert d.labels[:len(ops)] == [o["op_type"] for o in ops]
+    assert drawn(report.data) == list(range(len(ops)))  # every op of this model handles float data
+    assert d.labels[:len(ops)] == [o["op_type"] for o in ops] and d.index[:len(ops)] == list(range(len(ops)))
     fed = {e.dst for e in d.edges}
     assert all(i in fed for i in range(len(ops)))  # every op reads an activation or the input
     for e in d.edges:
@@ -136,6 +137,20 @@ def test_time_chart_totals_match_the_summary(synthetic):
     assert deny and all(v["low"] == v["fp32"] for k, v in kinds if k in deny)  # deny ops stay FP32 in all-low
 
 
+def test_ops_without_float_data_are_listed_not_drawn():
+    data = {"tensors": [{"name": "x", "dtype": "float32", "numel": 4, "kind": "input"},
+                        {"name": "y", "dtype": "float32", "numel": 4, "kind": "activation", "graph_output": True}],
+            "ops": [{"name": "shape", "op_type": "Shape", "inputs": ["x"], "outputs": ["s"]},
+                    {"name": "gather", "op_type": "Gather", "inputs": ["s", "i"], "outputs": ["g"]},
+                    {"name": "reshape", "op_type": "Reshape", "inputs": ["x", "g"], "outputs": ["y"]}]}
+    d = build(data)
+    assert d.index == [0, 2, -1, -1] and d.hidden == 1  # Shape reads x; Gather of ints is left out
+    assert {(d.labels[e.src], d.labels[e.dst]) for e in d.edges} == {
+        ("input: x", "Shape"), ("input: x", "Reshape"), ("Reshape", "output: y")}
+    page = render(data)
+    assert "1 ops without float data" in page and 'data-i="2"' in page and 'data-i="1"' not in page
+
+
 def test_graphs_too_large_to_draw_say_so():
     ops = [{"name": f"n{i}", "op_type": "Relu", "inputs": [f"t{i}"], "outputs": [f"t{i + 1}"]} for i in range(4001)]
     assert "more than the 4,000" in render({"ops": ops})
@@ -154,10 +169,12 @@ castStroke:cast?getComputedStyle(cast).stroke:"",viewBox:svg.getAttribute("viewB
 tools:!document.querySelector(".g-tools").hidden,act:act()})+"</pre>");});
 function act(){var svg=document.getElementById("g-svg"),box=document.getElementById("g-search");
 box.value="softmax";box.dispatchEvent(new Event("input"));var hits=svg.querySelectorAll(".g-hit").length;
-svg.querySelectorAll(".g-n")[5].dispatchEvent(new MouseEvent("click"));var sel=document.querySelector("tr.g-sel");
+var n5=svg.querySelectorAll(".g-n")[5];n5.dispatchEvent(new MouseEvent("click"));
+var sel=document.querySelector("tr.g-sel");
 document.querySelector("[data-g=collapse]").click();var hidden=svg.querySelectorAll(".g-n.g-hide").length;
 document.querySelector("[data-g=expand]").click();
-return {hits:hits,selected:sel?sel.id:"",collapsed:hidden,expanded:svg.querySelectorAll(".g-n.g-hide").length};}
+return {hits:hits,clicked:"op-"+n5.dataset.i,selected:sel?sel.id:"",collapsed:hidden,
+ expanded:svg.querySelectorAll(".g-n.g-hide").length};}
 </script>"""
 
 
@@ -185,16 +202,17 @@ def _rendered(tmp_path, report: Report, name: str) -> dict:
 
 def _check_drawn(seen: dict, report: Report) -> None:
     assert seen["w"] > 500 and seen["h"] > 500
-    assert seen["nodes"] == seen["shown"] == len(report.ops)  # every op laid out with a size
+    assert seen["nodes"] == seen["shown"] == len(drawn(report.data))  # every float op laid out with a size
     assert seen["tools"] and seen["viewBox"] != "0 0 0 0"  # the script ran (controls shown, view set)
     green, orange = "rgb(127, 211, 154)", "rgb(245, 163, 92)"  # FP16 and FP32-by-rule fills
     assert seen["fills"].get(green, 0) > 0 and seen["fills"].get(orange, 0) > 0
     assert seen["casts"] > 0 and seen["castStroke"] == "rgb(123, 63, 228)"
     act = seen["act"]  # search, click-to-row, collapse/expand, run by the probe in the page
-    assert act["hits"] == sum(1 for o in report.ops if "softmax" in (o["name"] + o["op_type"]).lower()) > 0
-    assert act["selected"] == "op-5"
+    ops = [report.ops[i] for i in drawn(report.data)]
+    assert act["hits"] == sum(1 for o in ops if "softmax" in (o["name"] + o["op_type"]).lower()) > 0
+    assert act["selected"] == act["clicked"]
     grouped = {}
-    for o in report.ops:
+    for o in ops:
         grouped.setdefault(group_of(o), []).append(o)
     assert act["collapsed"] == sum(len(v) for k, v in grouped.items() if k and len(v) > 1)
     assert act["expanded"] == 0
