@@ -6,11 +6,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from amp_compiler import convert_onnx
 from amp_compiler.cli import main
-from amp_compiler.onnx_io.annotate import PREFIX, annotate_model, annotated_fraction
+from amp_compiler.onnx_io.annotate import PREFIX, annotate_model, annotated_fraction, walk_nodes
 from benchmarks.synthetic import transformer_graph
+
+from .builders import fin, model, weight
 
 
 def _model(ir_version: int) -> onnx.ModelProto:
@@ -44,6 +47,24 @@ def test_nodes_carry_their_decision_and_the_model_still_checks_and_runs(ir_versi
     first = _model(ir_version).graph.node[0].name
     kept = next(n for n in out.graph.node if n.name == first)
     assert kept.doc_string.startswith("written by the exporter")  # a source doc string survives
+
+
+def test_nodes_inside_subgraphs_are_annotated_too():
+    branch = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["b_mm"], name="then_mm"),
+                                helper.make_node("Relu", ["b_mm"], ["b_out"], name="then_relu")], "then", [],
+                               [fin("b_out", 16, 16)])
+    other = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["e_out"], name="else_sig")], "else", [],
+                              [fin("e_out", 16, 16)])
+    nodes = [helper.make_node("If", ["cond"], ["z"], name="branch", then_branch=branch, else_branch=other),
+             helper.make_node("MatMul", ["z", "W"], ["y"], name="after")]
+    m = model(nodes, [fin("cond", dtype=TensorProto.BOOL), fin("x", 16, 16)], [fin("y", 16, 16)],
+              [weight("W", 16, 16)])
+    m.ir_version = 10
+    out, _ = convert_onnx(m, planner="all")
+    onnx.checker.check_model(out, full_check=True)
+    inner = [n for n in walk_nodes(out.graph) if n.name in ("then_mm", "then_relu", "else_sig")]
+    assert len(inner) == 3 and all(_meta(n)["precision"] == "float16" for n in inner)
+    assert annotated_fraction(out) >= 0.9
 
 
 def test_inserted_casts_say_which_edge_they_serve():

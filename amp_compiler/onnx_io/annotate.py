@@ -38,7 +38,7 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
                               "reason": str(cast.get("reason") or ""),
                               "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
     use_metadata = model.ir_version >= METADATA_IR_VERSION
-    for node in _nodes(model.graph):
+    for node in walk_nodes(model.graph):
         fields = next((by_output[o] for o in node.output if o in by_output), None)
         if fields is not None:
             (_set_metadata if use_metadata else _set_doc)(node, fields)
@@ -47,7 +47,7 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
 
 def annotated_fraction(model: ModelProto) -> float:
     """The share of nodes (subgraphs included) that carry a decision."""
-    nodes = list(_nodes(model.graph))
+    nodes = list(walk_nodes(model.graph))
     done = sum(1 for n in nodes if any(p.key == PREFIX + "precision" for p in n.metadata_props)
                or _DOC_TAG in n.doc_string)
     return done / len(nodes) if nodes else 1.0
@@ -67,24 +67,25 @@ def _set_doc(node: NodeProto, fields: Mapping[str, str]) -> None:
     node.doc_string = "\n".join(kept + [line])
 
 
-def _nodes(graph: GraphProto) -> Iterator[NodeProto]:
+def walk_nodes(graph: GraphProto) -> Iterator[NodeProto]:
+    """Every node of ``graph`` and of the subgraphs its nodes hold, depth first."""
     for node in graph.node:
         yield node
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
-                yield from _nodes(attr.g)
+                yield from walk_nodes(attr.g)
             elif attr.type == AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _nodes(g)
+                    yield from walk_nodes(g)
 
 
 def _readers(graph: GraphProto) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for node in _nodes(graph):
+    for node in walk_nodes(graph):
         for t in node.input:
             if t:
                 out.setdefault(t, []).append(node.name or node.op_type)
     return out
 
 
-__all__ = ["PREFIX", "annotate_model", "annotated_fraction"]
+__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "walk_nodes"]
