@@ -73,6 +73,7 @@ class Drawing:
     width: float = 0.0
     height: float = 0.0
     hidden: int = 0  # ops without float data, not drawn
+    folded: int = 0  # module groups drawn as one box each (graphs over MAX_DRAWN ops)
 
 
 def drawn(data: Mapping[str, Any]) -> list[int]:
@@ -128,8 +129,53 @@ def build(data: Mapping[str, Any]) -> Drawing:
             src, cast = source(t["name"])
             if src is not None:
                 d.edges.append(Edge(src, _pseudo(d, t["name"], "output"), t["name"], cast))
+    if len(d.ops) > MAX_DRAWN:
+        d = _fold(d)
     _layout(d)
     return d
+
+
+def _fold(d: Drawing) -> Drawing:
+    """Each module group as one box, coloured by its commonest category; other ops stay as they are."""
+    out = Drawing(hidden=d.hidden)
+    where: list[int] = []
+    boxes: dict[str, int] = {}
+    for v, op in enumerate(d.ops):
+        key = group_of(op) if op is not None else ""
+        if key and key in boxes:
+            out.ops[boxes[key]]["members"].append(op)
+        elif key:
+            boxes[key] = len(out.ops)
+            out.ops.append({"name": key, "members": [op]})
+            out.index.append(-1)
+            out.labels.append(key)
+        else:
+            out.ops.append(op)
+            out.index.append(d.index[v])
+            out.labels.append(d.labels[v])
+        where.append(boxes[key] if key else len(out.ops) - 1)
+    for box in boxes.values():
+        members = out.ops[box].pop("members")
+        mix = _mix(members)
+        out.ops[box].update({"op_type": f"{len(members)} ops", "category": mix[0][0],
+                             "reason": ", ".join(f"{n} {CATEGORIES[c]}" for c, n in mix)})
+        out.labels[box] = f"{out.labels[box].rsplit('/', 1)[-1]} · {len(members)} ops"
+    edges: dict[tuple[int, int], Edge] = {}
+    for e in d.edges:
+        key = (where[e.src], where[e.dst])
+        if key[0] != key[1] and (key not in edges or e.cast and not edges[key].cast):
+            edges[key] = Edge(key[0], key[1], e.tensor, e.cast)
+    out.edges = list(edges.values())
+    out.folded = len(boxes)
+    return out
+
+
+def _mix(ops: list[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """(category, count) of ``ops``, commonest first."""
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[category(op)] = counts.get(category(op), 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def _pseudo(d: Drawing, tensor: str, kind: str = "input") -> int:
@@ -173,7 +219,7 @@ def _layout(d: Drawing) -> None:
 
 
 def _topo(n: int, preds: list[list[int]]) -> list[int]:
-    """Kahn's topological order (input pseudo-nodes are numbered after the ops they feed)."""
+    """Kahn's order (input pseudo-nodes are numbered after the ops they feed)."""
     succs: list[list[int]] = [[] for _ in range(n)]
     missing = [len(p) for p in preds]
     for v, ps in enumerate(preds):
@@ -185,7 +231,8 @@ def _topo(n: int, preds: list[list[int]]) -> list[int]:
             missing[w] -= 1
             if not missing[w]:
                 order.append(w)
-    return order
+    placed = set(order)  # folded groups can form a cycle (a module used twice): its members go last
+    return order + [v for v in range(n) if v not in placed]
 
 
 def render(data: Mapping[str, Any]) -> str:
@@ -197,12 +244,16 @@ def render(data: Mapping[str, Any]) -> str:
     if not any(isinstance(o, Mapping) and "inputs" in o for o in ops):
         return head + ('<p class="none">This report has no edges (schema 1.0): '
                        're-run amp-compile to draw the graph.</p></section>')
-    if len(ops) > MAX_DRAWN:
-        return head + (f'<p class="none">{len(ops):,} ops: more than the {MAX_DRAWN:,} the drawing shows; '
-                       'the table and charts below cover every op.</p></section>')
     d = build(data)
+    if len(d.ops) > MAX_DRAWN:
+        grouped = f" in {d.folded:,} module groups and single ops" if d.folded else ""
+        return head + (f'<p class="none">{len(ops):,} ops{grouped}: more than the {MAX_DRAWN:,} boxes the drawing '
+                       'shows; the table and charts below cover every op.</p></section>')
     note = (f'<p class="meta">{d.hidden:,} ops without float data (shape arithmetic, integer constants) are '
             'not drawn; the table lists them.</p>' if d.hidden else "")
+    if d.folded:
+        note += (f'<p class="meta">Over {MAX_DRAWN:,} ops: each of the {d.folded:,} module groups is one box, '
+                 'coloured by its commonest precision; click one to filter the table to it.</p>')
     return (head + _legend() + note + _toolbar() + _svg(d)
             + '<div id="g-info" class="g-info"></div></section>')
 
@@ -256,11 +307,15 @@ def _svg(d: Drawing) -> str:
                        f'<rect width="{NODE_W}" height="{NODE_H}" rx="13"/>'
                        f'<text x="{NODE_W / 2:.0f}" y="17">{e(_short(label, 20))}</text></g>')
             continue
-        cat = category(op)
-        tip = (f"{op.get('name')}\n{op.get('op_type')} · {op.get('class')} · {op.get('precision')}\n"
-               f"{op.get('reason') or ''}")
         i = d.index[v]
-        out.append(f'<g class="g-n g-{cat}" id="g-op-{i}" data-i="{i}" data-grp="{e(group_of(op))}" '
+        if i < 0:  # a folded module group
+            cat, tip, link = op["category"], f"{op['name']}: {op['op_type']} ({op['reason']})", "data-filter"
+        else:
+            cat, link = category(op), f'id="g-op-{i}" data-i'
+            tip = (f"{op.get('name')}\n{op.get('op_type')} · {op.get('class')} · {op.get('precision')}\n"
+                   f"{op.get('reason') or ''}")
+        target = e(str(op["name"])) if i < 0 else i
+        out.append(f'<g class="g-n g-{cat}" {link}="{target}" data-grp="{e(group_of(op)) if i >= 0 else ""}" '
                    f'data-find="{e(str(op.get("name") or "").lower())} {e(label.lower())}" '
                    f'transform="translate({x:.0f},{y:.0f})"><title>{e(tip)}</title>'
                    f'<rect width="{NODE_W}" height="{NODE_H}" rx="4"/>'
@@ -289,7 +344,7 @@ def _groups(d: Drawing) -> list[str]:
     """A labelled box behind each module group of two or more ops (the unit the script collapses)."""
     boxes: dict[str, list[int]] = {}
     for v, op in enumerate(d.ops):
-        if op is not None and group_of(op):
+        if d.index[v] >= 0 and group_of(op):  # not pseudo-nodes, nor groups folded into one box
             boxes.setdefault(group_of(op), []).append(v)
     out = []
     for name, members in boxes.items():
@@ -356,7 +411,9 @@ var table=document.getElementById("ops");
 if(table){Array.prototype.forEach.call(table.tBodies[0].rows,function(r){r.id="op-"+r.cells[0].textContent;});}
 var info=document.getElementById("g-info");
 svg.querySelectorAll(".g-n").forEach(function(g){g.addEventListener("click",function(){
- info.textContent=g.querySelector("title").textContent;
+ info.textContent=g.querySelector("title").textContent;var f=document.getElementById("op-filter");
+ if(g.dataset.filter!==undefined&&f){f.value=g.dataset.filter;f.dispatchEvent(new Event("input"));
+  f.scrollIntoView({block:"center"});return;}
  var row=document.getElementById("op-"+g.dataset.i);if(!row)return;
  document.querySelectorAll("tr.g-sel").forEach(function(r){r.classList.remove("g-sel");});
  row.classList.add("g-sel");row.style.display="";row.scrollIntoView({block:"center"});});});

@@ -151,10 +151,21 @@ def test_ops_without_float_data_are_listed_not_drawn():
     assert "1 ops without float data" in page and 'data-i="2"' in page and 'data-i="1"' not in page
 
 
-def test_graphs_too_large_to_draw_say_so():
-    ops = [{"name": f"n{i}", "op_type": "Relu", "inputs": [f"t{i}"], "outputs": [f"t{i + 1}"]} for i in range(4001)]
-    assert "more than the 4,000" in render({"ops": ops})
-    assert render({"ops": ops[:50]}).count('class="g-n ') == 50
+def _relu_chain(n: int, name) -> list[dict]:
+    return [{"name": name(i), "op_type": "Relu", "precision": "float16" if i % 3 else "float32", "reason": "deny: x",
+             "inputs": [f"t{i}"], "outputs": [f"t{i + 1}"]} for i in range(n)]
+
+
+def test_large_graphs_fold_module_groups_or_say_why_not():
+    assert render({"ops": _relu_chain(50, str)}).count('class="g-n ') == 50
+    assert "more than the 4,000" in render({"ops": _relu_chain(4001, str)})
+    folded = {"ops": _relu_chain(4500, lambda i: f"/model/layers.{i // 100}/Relu_{i}")}
+    d = build(folded)
+    assert d.folded == 45 and len(d.ops) == 45
+    assert [(e.src, e.dst) for e in d.edges] == [(k, k + 1) for k in range(44)]  # the chain, block to block
+    assert {op["category"] for op in d.ops} == {"fp16"}  # two thirds of each block
+    page = render(folded)
+    assert page.count('class="g-n g-fp16" data-filter="/model/layers.') == 45 and "module groups is one box" in page
 
 
 # ---- a real headless browser ---------------------------------------------------------------
