@@ -10,7 +10,7 @@ from onnx import ModelProto
 
 from .errors import ConversionError
 from .gcpause import gc_paused
-from .onnx_io.annotate import annotate_model
+from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import load_model
 from .onnx_io.importer import import_model
@@ -80,7 +80,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     report = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
-    return (annotate_model(emit(imp), report) if annotate else emit(imp)), report
+    out = record_modules(emit(imp), report)  # the exporter's module paths, for the report's graph
+    return (annotate_model(out, report) if annotate else out), report
 
 
 def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:

@@ -42,15 +42,21 @@ def category(op: Mapping[str, Any]) -> str:
 
 
 def group_of(op: Mapping[str, Any]) -> str:
-    """The module group of an op: its subgraph scope, else its name's path up to the first
-    numbered part (``/encoder/layer.3/attention/MatMul`` -> ``/encoder/layer.3``); "" if none."""
+    """The module group of an op: its subgraph scope, else its module path (the exporter's,
+    ``m.encoder.layer.3.attention`` -> ``m.encoder.layer.3``, or its name's:
+    ``/encoder/layer.3/attention/MatMul`` -> ``/encoder/layer.3``) up to the first numbered
+    part, else the path's first two parts; "" if it has none."""
     if op.get("scope"):
         return str(op["scope"])
-    parts = str(op.get("name") or "").strip("/").split("/")[:-1]
+    if op.get("module"):
+        sep, parts = ".", str(op["module"]).split(".")
+    else:
+        sep, parts = "/", str(op.get("name") or "").strip("/").split("/")[:-1]
+    lead = "/" if sep == "/" else ""
     for i, part in enumerate(parts):
         if any(c.isdigit() for c in part):
-            return "/" + "/".join(parts[:i + 1])
-    return "/" + "/".join(parts[:2]) if parts else ""
+            return lead + sep.join(parts[:i + 1])
+    return lead + sep.join(parts[:2]) if parts else ""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 from amp_compiler import convert_onnx
 from amp_compiler.cli import main
 from amp_compiler.onnx_io.annotate import PREFIX, annotate_model, annotated_fraction, walk_nodes
+from amp_compiler.report_graph import group_of
 from benchmarks.synthetic import transformer_graph
 
 from .builders import fin, model, weight
@@ -65,6 +66,19 @@ def test_nodes_inside_subgraphs_are_annotated_too():
     inner = [n for n in walk_nodes(out.graph) if n.name in ("then_mm", "then_relu", "else_sig")]
     assert len(inner) == 3 and all(_meta(n)["precision"] == "float16" for n in inner)
     assert annotated_fraction(out) >= 0.9
+
+
+def test_the_exporters_module_paths_reach_the_report():
+    m = _model(10)
+    for k, node in enumerate(m.graph.node):  # what torch's dynamo exporter writes on every node
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", str(["", "m", f"m.layers.{k // 24}", f"op{k}"])
+    _, report = convert_onnx(m)
+    assert [o.get("module") for o in report.ops] == [f"m.layers.{k // 24}" for k in range(len(m.graph.node))]
+    assert {group_of(o) for o in report.ops} == {f"m.layers.{k}" for k in range((len(m.graph.node) + 23) // 24)}
+    m.graph.node[0].metadata_props[0].value = "not a list literal ["
+    _, report = convert_onnx(m)
+    assert "module" not in report.ops[0] and report.ops[1]["module"] == "m.layers.0"
 
 
 def test_inserted_casts_say_which_edge_they_serve():

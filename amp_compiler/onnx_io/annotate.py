@@ -6,11 +6,14 @@ reason; every inserted cast says which edge it serves. With IR version >= 10 the
 the node's ``metadata_props`` (keys ``amp_compiler.*``), below that into its
 ``doc_string`` (one ``amp_compiler: ...`` line, after any doc string the node had).
 Nodes are matched to report ops by an output tensor name (unique in ONNX; node names may
-be empty or renamed by the importer). See docs/architecture.md (ONNX emitter).
+be empty or renamed by the importer). The other way, ``record_modules`` copies the module
+path torch's exporter left in a node's metadata into its report op, for the HTML graph's
+module groups. See docs/architecture.md (Decisions in the model file).
 """
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Iterator, Mapping
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
@@ -18,6 +21,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
 PREFIX = "amp_compiler."
 _DOC_TAG = "amp_compiler: "
 METADATA_IR_VERSION = 10  # NodeProto.metadata_props exists from IR version 10 (onnx 1.16)
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a Python list literal: ['', 'm', 'm.encoder', ..., 'op name']
 
 
 def annotate_model(model: ModelProto, report: Any) -> ModelProto:
@@ -42,6 +46,26 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
         fields = next((by_output[o] for o in node.output if o in by_output), None)
         if fields is not None:
             (_set_metadata if use_metadata else _set_doc)(node, fields)
+    return model
+
+
+def record_modules(model: ModelProto, report: Any) -> ModelProto:
+    """Give each report op the module the exporter names in its node's metadata (torch's dynamo
+    exporter: ``pkg.torch.onnx.name_scopes``, the module path then the op): ``op["module"]``,
+    which the HTML graph groups by. Ops of other exporters are left as they are. Returns ``model``."""
+    data = getattr(report, "data", report)
+    by_output = {t: op for op in data.get("ops") or [] for t in op.get("outputs") or ()}
+    for node in walk_nodes(model.graph):
+        op = next((by_output[o] for o in node.output if o in by_output), None)
+        scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
+        if op is None or not scopes:
+            continue
+        try:
+            path = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(path, list) and len(path) >= 2 and isinstance(path[-2], str) and path[-2]:
+            op["module"] = path[-2]
     return model
 
 
@@ -88,4 +112,4 @@ def _readers(graph: GraphProto) -> dict[str, list[str]]:
     return out
 
 
-__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "walk_nodes"]
+__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "record_modules", "walk_nodes"]
