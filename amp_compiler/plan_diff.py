@@ -109,9 +109,16 @@ def differ(diff: Mapping[str, Any]) -> bool:
 
 def main(argv: list[str]) -> int:
     """``amp-compile --compare A.json B.json [--json]``: print the diff; 0 same, 1 different, 2 bad input."""
-    p = argparse.ArgumentParser(prog="amp-compile --compare", description="Compare two saved JSON plans.")
-    p.add_argument("--compare", nargs=2, required=True, metavar=("A.json", "B.json"))
+    p = argparse.ArgumentParser(prog="amp-compile", usage="amp-compile --compare A.json B.json [--json]",
+                                description="Compare two saved JSON plans of one model: the ops whose precision "
+                                            "differs and the predicted effect. Exit status 0 same plan, 1 "
+                                            "different, 2 bad input.")
+    p.add_argument("--compare", nargs=2, required=True, metavar=("A.json", "B.json"),
+                   help="two reports saved with --report FILE.json")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    if "-h" in argv or "--help" in argv:  # before --compare's two arguments are demanded
+        p.print_help()
+        return 0
     args = p.parse_args(argv)
     try:
         diff = compare(load(args.compare[0]), load(args.compare[1]), tuple(args.compare))

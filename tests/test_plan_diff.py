@@ -60,3 +60,8 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, plans, capsys):
     assert main(["--compare", str(broken), str(plans[0])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(broken) in err and "not a JSON report" in err
+
+
+def test_compare_help_needs_no_files(capsys):
+    assert main(["--compare", "--help"]) == 0
+    assert "amp-compile --compare A.json B.json" in capsys.readouterr().out
