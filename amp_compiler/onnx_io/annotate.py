@@ -33,14 +33,14 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
                   "reason": str(op.get("reason") or "")}
         for t in op.get("outputs") or ():
             by_output[t] = fields
-    readers = _readers(model.graph)
-    for cast in data.get("casts") or []:
-        if cast.get("inserted") and cast.get("output"):
-            out = cast["output"]
-            edge = f"{cast.get('tensor')} -> {', '.join(readers.get(out, [])) or 'graph output'}"
-            by_output[out] = {"precision": str(cast.get("to") or ""), "class": "inserted cast",
-                              "reason": str(cast.get("reason") or ""),
-                              "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
+    inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
+    readers = _readers(model.graph, {c["output"] for c in inserted})
+    for cast in inserted:
+        out = cast["output"]
+        edge = f"{cast.get('tensor')} -> {', '.join(readers.get(out, [])) or 'graph output'}"
+        by_output[out] = {"precision": str(cast.get("to") or ""), "class": "inserted cast",
+                          "reason": str(cast.get("reason") or ""),
+                          "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
     use_metadata = model.ir_version >= METADATA_IR_VERSION
     for node in walk_nodes(model.graph):
         fields = next((by_output[o] for o in node.output if o in by_output), None)
@@ -54,11 +54,15 @@ def record_modules(model: ModelProto, report: Any) -> ModelProto:
     exporter: ``pkg.torch.onnx.name_scopes``, the module path then the op): ``op["module"]``,
     which the HTML graph groups by. Ops of other exporters are left as they are. Returns ``model``."""
     data = getattr(report, "data", report)
-    by_output = {t: op for op in data.get("ops") or [] for t in op.get("outputs") or ()}
+    by_output: dict[str, dict] | None = None
     for node in walk_nodes(model.graph):
-        op = next((by_output[o] for o in node.output if o in by_output), None)
         scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
-        if op is None or not scopes:
+        if not scopes:
+            continue
+        if by_output is None:  # only for models that have such metadata
+            by_output = {t: op for op in data.get("ops") or [] for t in op.get("outputs") or ()}
+        op = next((by_output[o] for o in node.output if o in by_output), None)
+        if op is None:
             continue
         try:
             path = ast.literal_eval(scopes)
@@ -78,11 +82,13 @@ def annotated_fraction(model: ModelProto) -> float:
 
 
 def _set_metadata(node: NodeProto, fields: Mapping[str, str]) -> None:
-    keep = [(p.key, p.value) for p in node.metadata_props if not p.key.startswith(PREFIX)]
-    del node.metadata_props[:]
-    for key, value in keep + [(PREFIX + k, v) for k, v in fields.items()]:
-        entry = node.metadata_props.add()
-        entry.key, entry.value = key, value
+    if any(p.key.startswith(PREFIX) for p in node.metadata_props):  # annotated before: replace
+        keep = [(p.key, p.value) for p in node.metadata_props if not p.key.startswith(PREFIX)]
+        del node.metadata_props[:]
+        for key, value in keep:
+            node.metadata_props.add(key=key, value=value)
+    for key, value in fields.items():
+        node.metadata_props.add(key=PREFIX + key, value=value)
 
 
 def _set_doc(node: NodeProto, fields: Mapping[str, str]) -> None:
@@ -103,12 +109,14 @@ def walk_nodes(graph: GraphProto) -> Iterator[NodeProto]:
                     yield from walk_nodes(g)
 
 
-def _readers(graph: GraphProto) -> dict[str, list[str]]:
+def _readers(graph: GraphProto, tensors: set[str]) -> dict[str, list[str]]:
+    """The nodes reading each of ``tensors``."""
     out: dict[str, list[str]] = {}
-    for node in walk_nodes(graph):
-        for t in node.input:
-            if t:
-                out.setdefault(t, []).append(node.name or node.op_type)
+    if tensors:
+        for node in walk_nodes(graph):
+            for t in node.input:
+                if t in tensors:
+                    out.setdefault(t, []).append(node.name or node.op_type)
     return out
 
 
