@@ -388,6 +388,8 @@ cursor:grab}
 .g-grp rect{fill:#f3f5f8;stroke:#c9d0d8}.g-grp text{fill:var(--muted);font-size:10px}
 .g-grp.collapsed rect{fill:#e3e8ee;stroke:#6e7781;stroke-width:1.5}.g-grp.collapsed text{font-size:12px;fill:var(--fg)}
 .g-hide{display:none}.g-dim{opacity:.25}.g-hit rect{stroke:#d00;stroke-width:3}
+.g-focus rect{stroke:#7b3fe4;stroke-width:4}
+td.name{cursor:pointer}
 tr.g-sel td{outline:2px solid #7b3fe4}.g-info{color:var(--muted);min-height:1.4em;margin-top:6px;white-space:pre-wrap}
 """
 
@@ -414,7 +416,12 @@ window.addEventListener("mousemove",function(ev){if(!drag)return;var r=svg.getBo
  set([drag[2][0]-(ev.clientX-drag[0])*vb[2]/r.width,drag[2][1]-(ev.clientY-drag[1])*vb[3]/r.height,vb[2],vb[3]]);});
 function center(g){var t=g.transform.baseVal.consolidate().matrix;set([t.e-vb[2]/2,t.f-vb[3]/2,vb[2],vb[3]]);}
 var table=document.getElementById("ops");
-if(table){Array.prototype.forEach.call(table.tBodies[0].rows,function(r){r.id="op-"+r.cells[0].textContent;});}
+if(table){Array.prototype.forEach.call(table.tBodies[0].rows,function(r){r.id="op-"+r.cells[0].textContent;});
+ table.tBodies[0].addEventListener("click",function(ev){var td=ev.target.closest("td.name");if(!td)return;
+  var g=document.getElementById("g-op-"+td.parentNode.cells[0].textContent);
+  if(!g||g.classList.contains("g-hide"))return;
+  svg.querySelectorAll(".g-focus").forEach(function(x){x.classList.remove("g-focus");});
+  g.classList.add("g-focus");center(g);svg.scrollIntoView({block:"center"});});}
 var info=document.getElementById("g-info");
 svg.querySelectorAll(".g-n").forEach(function(g){g.addEventListener("click",function(){
  info.textContent=g.querySelector("title").textContent;var f=document.getElementById("op-filter");

@@ -178,14 +178,16 @@ document.body.insertAdjacentHTML("beforeend","<pre id=probe>"+JSON.stringify({w:
 nodes:nodes.length,shown:shown,fills:fills,casts:svg.querySelectorAll(".g-castedge").length,
 castStroke:cast?getComputedStyle(cast).stroke:"",viewBox:svg.getAttribute("viewBox"),
 tools:!document.querySelector(".g-tools").hidden,act:act()})+"</pre>");});
-function act(){var svg=document.getElementById("g-svg"),box=document.getElementById("g-search");
-box.value="softmax";box.dispatchEvent(new Event("input"));var hits=svg.querySelectorAll(".g-hit").length;
-var n5=svg.querySelectorAll(".g-n")[5];n5.dispatchEvent(new MouseEvent("click"));
-var sel=document.querySelector("tr.g-sel");
-document.querySelector("[data-g=collapse]").click();var hidden=svg.querySelectorAll(".g-n.g-hide").length;
-document.querySelector("[data-g=expand]").click();
-return {hits:hits,clicked:"op-"+n5.dataset.i,selected:sel?sel.id:"",collapsed:hidden,
- expanded:svg.querySelectorAll(".g-n.g-hide").length};}
+function act(){var svg=document.getElementById("g-svg"),box=document.getElementById("g-search"),
+ nodes=svg.querySelectorAll(".g-n"),out={};
+box.value="softmax";box.dispatchEvent(new Event("input"));out.hits=svg.querySelectorAll(".g-hit").length;
+nodes[5].dispatchEvent(new MouseEvent("click"));out.clicked="op-"+nodes[5].dataset.i;
+var sel=document.querySelector("tr.g-sel");out.selected=sel?sel.id:"";
+document.getElementById("op-"+nodes[9].dataset.i).querySelector("td.name").click();out.tenth=nodes[9].id;
+var focus=svg.querySelector(".g-focus");out.focused=focus?focus.id:"";
+document.querySelector("[data-g=collapse]").click();out.collapsed=svg.querySelectorAll(".g-n.g-hide").length;
+document.querySelector("[data-g=expand]").click();out.expanded=svg.querySelectorAll(".g-n.g-hide").length;
+return out;}
 </script>"""
 
 
@@ -221,7 +223,8 @@ def _check_drawn(seen: dict, report: Report) -> None:
     act = seen["act"]  # search, click-to-row, collapse/expand, run by the probe in the page
     ops = [report.ops[i] for i in drawn(report.data)]
     assert act["hits"] == sum(1 for o in ops if "softmax" in (o["name"] + o["op_type"]).lower()) > 0
-    assert act["selected"] == act["clicked"]
+    assert act["selected"] == act["clicked"]  # graph -> table
+    assert act["focused"] == act["tenth"]  # table -> graph
     grouped = {}
     for o in ops:
         grouped.setdefault(group_of(o), []).append(o)
