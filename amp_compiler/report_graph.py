@@ -2,14 +2,15 @@
 
 Built from the report dict alone (schema 1.1 ``ops[].inputs/outputs`` and ``casts[].output``;
 docs/report-schema.md), so a saved JSON report draws the same. The layout is our own
-layered one (docs/architecture.md, Report): ops sit on the row of their longest path from
-the inputs (the ops list is topological, so one pass), then two barycenter sweeps order
-each row to shorten edges. Model graphs are long and narrow chains of blocks; that is all
-they need, in O(ops + edges), with no layout library to ship or run in the browser.
+layered one (docs/architecture.md, Report): each op on the row of its longest path from
+the inputs (Kahn's order), sources pulled down next to their first reader, then two
+barycenter sweeps order each row to shorten edges. Model graphs are long, narrow chains
+of blocks; that is all they need, in O(ops + edges), with no layout library to ship.
 
-The page script (``GRAPH_JS``) adds zoom/pan, search, click-to-row, and collapsing of
-module groups (names ``/encoder/layer.3/...`` grouped by their first numbered part, or
-their subgraph scope). Everything is inline; nothing is fetched.
+Ops without float data are left out (the table lists them); over ``MAX_DRAWN`` ops each
+module group becomes one box. The page script (``GRAPH_JS``) adds zoom/pan, search,
+graph <-> table links and collapsing of module groups (``group_of``). Everything is
+inline; nothing is fetched.
 """
 
 from __future__ import annotations
