@@ -37,6 +37,8 @@ examples:
       AutoCast-style rules: nodes by name pattern stay FP32, every Gelu runs FP16, long reductions stay FP32
   amp-compile model.onnx -o model.mp.onnx --target-file my_gpu.json --custom-ops plugins.json
       plan for a device described in JSON, classify plugin ops from a table (docs/migrating.md)
+  amp-compile --compare plan_a.json plan_b.json
+      which ops changed precision between two saved JSON reports, and the predicted effect
 
 exit status: 0 converted (and validated, with --validate); 1 validation error above
 --tolerance (the model is not written; --report files are, with the errors); 2 bad input
@@ -129,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
+    p.add_argument("--no-annotate", dest="annotate", action="store_false",
+                   help="do not write each node's precision, class and reason into its metadata_props/doc_string")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print only errors: no progress, table, per-output errors or warnings")
     p.add_argument("--debug", action="store_true", help="show the Python traceback on errors")
@@ -161,6 +165,10 @@ def _positive(kind: type) -> Callable[[str], float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``amp-compile``; returns the exit status (see ``EXAMPLES``). Errors are one line on stderr."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--compare" in argv:  # two saved plans, no model: plan_diff.py
+        from .plan_diff import main as compare_main
+        return compare_main(argv)
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
@@ -231,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
-                                deny_propagation=args.deny_propagation)
+                                deny_propagation=args.deny_propagation, annotate=args.annotate)
     if args.fallback:
         result, _ = convert_with_fallback(convert, original, feeds, args.tolerance, deny_nodes=args.deny_node,
                                           progress=progress, runner=_runner(args))

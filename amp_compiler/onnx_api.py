@@ -14,6 +14,7 @@ from passes.user_rules import UserRules
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .errors import ConversionError
 from .gcpause import gc_paused
+from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
@@ -35,7 +36,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
                  custom_ops: str | os.PathLike | dict | list | None = None,
-                 data_max: float | None = None) -> "ConvertedModel":
+                 data_max: float | None = None, annotate: bool = True) -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -74,6 +75,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
     from them are cast while ``result.save(path)`` streams them.
+    ``annotate=False`` leaves the nodes' ``metadata_props``/``doc_string`` without the
+    plan's decisions (``onnx_io.annotate``), for byte-minimal files.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
     registry = custom_registry(_custom_rows(custom_ops)) if custom_ops is not None else None
@@ -103,9 +106,11 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
-    converted = emit(imp, result)
-    # after emission: the report describes the emitted model
-    return ConvertedModel(converted, build_report(result), base_dir)
+    report = build_report(result)  # after emission: the report describes the emitted model
+    converted = record_modules(emit(imp, result), report)  # the exporter's module paths, for the report's graph
+    if annotate:
+        annotate_model(converted, report)
+    return ConvertedModel(converted, report, base_dir)
 
 
 def _custom_rows(table) -> list:

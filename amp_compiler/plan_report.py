@@ -15,6 +15,7 @@ from .dtypes import FLOAT32, LOW_PRECISION, is_float
 from .ir import PrecisionGraph
 from .registry import UNKNOWN
 from .report import SCHEMA_VERSION, Report
+from .report_memory import fill_memory, tensor_table
 
 if TYPE_CHECKING:
     from passes.result import PlanResult
@@ -40,7 +41,7 @@ def build_report(result: PlanResult) -> Report:
         casts.append({"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype, "bytes": nbytes,
                       "reason": (op.reason if op.name in result.emitter_casts else
                                  _cast_reason(graph, op, consumers) if op.inserted else "cast in the source model"),
-                      "inserted": op.inserted})
+                      "inserted": op.inserted, "output": out.name})
     ops = []
     gemm_flops = low_gemm_flops = 0.0
     unknown = set()
@@ -64,6 +65,7 @@ def build_report(result: PlanResult) -> Report:
             "predicted_time_fp16_s": timer.time(op, low) if timer and op.has_unit_ports else 0.0,
             "casts": casts_caused.get(op.name, 0),
             **({"scope": op.scope} if op.scope else {}),
+            "inputs": [t for t in op.inputs if t], "outputs": [t for t in op.outputs if t],  # schema 1.1
         })
     n_low = sum(1 for o in ops if o["precision"] in LOW_PRECISION)
     fp32_t, mixed_t, all_low_t = pred.fp32_s, pred.mixed_s, pred.all_low_s
@@ -90,7 +92,9 @@ def build_report(result: PlanResult) -> Report:
         "casts": casts,
         "passes": [r.to_dict() for r in result.records],
         "alignment": [f.to_dict() for f in result.alignment],
+        "tensors": tensor_table(graph),  # schema 1.1: the edges' sizes (docs/report-schema.md)
     }
+    fill_memory(data)  # summary's predicted_memory_* keys, where the planner did not set them
     return Report(data)
 
 

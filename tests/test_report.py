@@ -49,7 +49,7 @@ def make_ops(n: int, *, fp32_every: int = 4, name_prefix: str = "/layer") -> lis
 def make_report(n_ops: int = 12, *, full: bool = True, **kw) -> dict:
     ops = make_ops(n_ops, **kw)
     d = {
-        "schema_version": "1.0",
+        "schema_version": SCHEMA_VERSION,
         "tool": {"name": "amp-compiler", "version": "0.1.0"},
         "source": "model.onnx",
         "summary": {
@@ -251,7 +251,7 @@ def test_json_round_trip_and_key_order(tmp_path):
     assert json.loads(text) == data
     assert Report.from_json(text).data == data
     assert list(json.loads(text))[0] == "schema_version"
-    assert text.lstrip("{\n ").startswith('"schema_version": "1.0"')
+    assert text.lstrip("{\n ").startswith(f'"schema_version": "{SCHEMA_VERSION}"')
     assert text == Report(data).to_json()                     # stable whatever the insertion order
     assert r.to_json(indent=None).count("\n") == 0
     p = tmp_path / "r.json"

@@ -1,4 +1,4 @@
-"""Per-op precision report (schema 1.0): the ``Report`` object and its text, HTML and JSON renderings.
+"""Per-op precision report (schema in docs/report-schema.md): the ``Report`` object and its text, HTML and JSON renderings.
 
 Modules: ``schema`` (version, key order, JSON), ``formatting`` (units, clean text),
 ``text_table`` (the terminal table engine), ``text`` and ``html_page`` (the two

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
                          fmt_time, num, plural, ratio)
 from .html_assets import CSS, JS
+from ..report_graph import GRAPH_JS, html_views
 from .schema import CLASS_ORDER, PRECISION_LABEL, SCHEMA_VERSION
 
 
@@ -90,6 +91,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
                      + "".join(f'<td class="num">{e(fmt_count(c[p]))}</td>' for p in precs)
                      + f'<td class="barcell"><div class="bar">{bar}</div></td></tr>')
     parts.append("</tbody></table></section>")
+    parts.append(html_views(report.data))  # the graph and cost charts (report_graph.py)
 
     # full op table
     ops = report.ops
@@ -211,7 +213,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     for title_, content in sections:  # extra sections (a graph, ...): trusted HTML from amp-compiler
         parts.append(f"<section><h2>{e(title_)}</h2>\n{content}\n</section>")
     parts.append("</main>")
-    parts.append(f"<script>{JS}</script>")
+    parts.append(f"<script>{JS}{GRAPH_JS}</script>")  # one script element: ours
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -28,7 +28,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: ops inputs/outputs, casts output, tensors, memory (docs/report-schema.md)
 
 #: Op classes in the order the report lists them (docs/architecture.md, "The op registry").
 CLASS_ORDER = ("allow", "infer", "clear", "deny", "unknown")
@@ -39,7 +39,7 @@ PRECISION_LABEL = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "n/
 #: Accepted ``save`` suffixes and the format each one selects.
 SAVE_FORMATS = {".json": "json", ".html": "html", ".htm": "html", ".txt": "text"}
 
-# Canonical key order for the records of schema 1.0; unknown keys follow, sorted.
+# Canonical key order for the records of the schema; unknown keys follow, sorted.
 _TOP_KEYS = ("schema_version", "tool", "source", "summary", "ops", "casts", "passes",
              "alignment", "validation")
 _SUMMARY_KEYS = ("nodes", "fp16_nodes", "fp32_nodes", "casts", "cast_bytes", "gemm_flops",

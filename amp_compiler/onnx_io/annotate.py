@@ -1,0 +1,123 @@
+"""Write each node's decision into the converted ONNX model, where graph viewers show it.
+
+Applied after emission (``convert_onnx(..., annotate=True)``, the default; ``amp-compile
+--no-annotate`` turns it off). Every node the report lists gets its precision, class and
+reason; every inserted cast says which edge it serves. With IR version >= 10 they go into
+the node's ``metadata_props`` (keys ``amp_compiler.*``), below that into its
+``doc_string`` (one ``amp_compiler: ...`` line, after any doc string the node had).
+Nodes are matched to report ops by an output tensor name (unique in ONNX; node names may
+be empty or renamed by the importer). The other way, ``record_modules`` copies the module
+path torch's exporter left in a node's metadata into its report op, for the HTML graph's
+module groups. See docs/architecture.md (Decisions in the model file).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Iterator, Mapping
+
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
+
+PREFIX = "amp_compiler."
+_DOC_TAG = "amp_compiler: "
+METADATA_IR_VERSION = 10  # NodeProto.metadata_props exists from IR version 10 (onnx 1.16)
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a Python list literal: ['', 'm', 'm.encoder', ..., 'op name']
+
+
+def annotate_model(model: ModelProto, report: Any) -> ModelProto:
+    """Annotate ``model``'s nodes in place from ``report`` (a ``Report`` or its dict); returns it."""
+    data = getattr(report, "data", report)
+    by_output: dict[str, dict[str, str]] = {}
+    for op in data.get("ops") or []:
+        fields = {"precision": str(op.get("precision") or "n/a"), "class": str(op.get("class") or ""),
+                  "reason": str(op.get("reason") or "")}
+        for t in op.get("outputs") or ():
+            by_output[t] = fields
+    inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
+    readers = _readers(model.graph, {c["output"] for c in inserted})
+    for cast in inserted:
+        out = cast["output"]
+        edge = f"{cast.get('tensor')} -> {', '.join(readers.get(out, [])) or 'graph output'}"
+        by_output[out] = {"precision": str(cast.get("to") or ""), "class": "inserted cast",
+                          "reason": str(cast.get("reason") or ""),
+                          "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
+    use_metadata = model.ir_version >= METADATA_IR_VERSION
+    for node in walk_nodes(model.graph):
+        fields = next((by_output[o] for o in node.output if o in by_output), None)
+        if fields is not None:
+            (_set_metadata if use_metadata else _set_doc)(node, fields)
+    return model
+
+
+def record_modules(model: ModelProto, report: Any) -> ModelProto:
+    """Give each report op the module the exporter names in its node's metadata (torch's dynamo
+    exporter: ``pkg.torch.onnx.name_scopes``, the module path then the op): ``op["module"]``,
+    which the HTML graph groups by. Ops of other exporters are left as they are. Returns ``model``."""
+    data = getattr(report, "data", report)
+    by_output: dict[str, dict] | None = None
+    for node in walk_nodes(model.graph):
+        scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
+        if not scopes:
+            continue
+        if by_output is None:  # only for models that have such metadata
+            by_output = {t: op for op in data.get("ops") or [] for t in op.get("outputs") or ()}
+        op = next((by_output[o] for o in node.output if o in by_output), None)
+        if op is None:
+            continue
+        try:
+            path = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(path, list) and len(path) >= 2 and isinstance(path[-2], str) and path[-2]:
+            op["module"] = path[-2]
+    return model
+
+
+def annotated_fraction(model: ModelProto) -> float:
+    """The share of nodes (subgraphs included) that carry a decision."""
+    nodes = list(walk_nodes(model.graph))
+    done = sum(1 for n in nodes if any(p.key == PREFIX + "precision" for p in n.metadata_props)
+               or _DOC_TAG in n.doc_string)
+    return done / len(nodes) if nodes else 1.0
+
+
+def _set_metadata(node: NodeProto, fields: Mapping[str, str]) -> None:
+    if any(p.key.startswith(PREFIX) for p in node.metadata_props):  # annotated before: replace
+        keep = [(p.key, p.value) for p in node.metadata_props if not p.key.startswith(PREFIX)]
+        del node.metadata_props[:]
+        for key, value in keep:
+            node.metadata_props.add(key=key, value=value)
+    for key, value in fields.items():
+        node.metadata_props.add(key=PREFIX + key, value=value)
+
+
+def _set_doc(node: NodeProto, fields: Mapping[str, str]) -> None:
+    kept = [line for line in node.doc_string.splitlines() if not line.startswith(_DOC_TAG)]
+    line = _DOC_TAG + "; ".join(f"{k}={v}" for k, v in fields.items())
+    node.doc_string = "\n".join(kept + [line])
+
+
+def walk_nodes(graph: GraphProto) -> Iterator[NodeProto]:
+    """Every node of ``graph`` and of the subgraphs its nodes hold, depth first."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from walk_nodes(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from walk_nodes(g)
+
+
+def _readers(graph: GraphProto, tensors: set[str]) -> dict[str, list[str]]:
+    """The nodes reading each of ``tensors``."""
+    out: dict[str, list[str]] = {}
+    if tensors:
+        for node in walk_nodes(graph):
+            for t in node.input:
+                if t in tensors:
+                    out.setdefault(t, []).append(node.name or node.op_type)
+    return out
+
+
+__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "record_modules", "walk_nodes"]

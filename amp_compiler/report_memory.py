@@ -1,0 +1,124 @@
+"""Predicted memory of a plan: weights stored and peak live activations, in FP32, mixed and all-FP16.
+
+Works on the report dict alone (schema 1.1: ``ops[].inputs/outputs``, ``casts[].output``
+and the ``tensors`` table), so a saved JSON report can be re-read; ``tensor_table`` builds
+that table from the planned IR. See docs/report-schema.md and docs/architecture.md (Report).
+
+* weights: every float constant once, at 4 bytes (FP32) or 2 (all-FP16); in the mixed plan
+  each stored copy at its dtype (a weight read by FP32 and FP16 ops is stored twice).
+* activations: the peak over the op order of the float tensors alive at once (a tensor
+  lives from its producer to its last reader; graph outputs to the end). Inserted casts
+  exist only in the mixed plan; their output lives from its first reader on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .dtypes import FLOAT32, LOW_PRECISION, is_float, itemsize
+from .ir import CONSTANT, GRAPH_INPUT, PARAMETER, PrecisionGraph
+
+WEIGHT, ACTIVATION, INPUT = "weight", "activation", "input"
+SCENARIOS = ("fp32", "mixed", "all_fp16")
+_PLANNED = (FLOAT32, *LOW_PRECISION)  # the dtypes a plan chooses between (float64 stays as it is)
+MEMORY_KEYS = tuple(f"predicted_memory_{part}_{s}_bytes" for part in ("weights", "activations")
+                    for s in SCENARIOS)
+
+
+def tensor_table(graph: PrecisionGraph) -> list[dict[str, Any]]:
+    """The float tensors ops read or write: name, dtype, element count, kind (schema 1.1)."""
+    rows = []
+    for t in graph.tensors.values():
+        if not is_float(t.dtype) or not (t.producer or t.consumers or t.is_graph_output):
+            continue
+        kind = WEIGHT if t.kind in (CONSTANT, PARAMETER) else INPUT if t.kind == GRAPH_INPUT else ACTIVATION
+        row = {"name": t.name, "dtype": t.dtype, "numel": graph.numel(t), "kind": kind}
+        if t.folded_from:
+            row["folded_from"] = t.folded_from
+        if t.is_graph_output:
+            row["graph_output"] = True
+        rows.append(row)
+    return rows
+
+
+def predicted_memory(data: Mapping[str, Any]) -> dict[str, int] | None:
+    """``MEMORY_KEYS`` -> bytes, from a schema >= 1.1 report dict; None when it lacks the tensors."""
+    tensors = data.get("tensors")
+    ops = data.get("ops")
+    if not isinstance(tensors, list) or not isinstance(ops, list):
+        return None
+    table = {t["name"]: t for t in tensors if isinstance(t, Mapping) and "name" in t}
+    out = _weights(table)
+    out.update(_activations(table, ops, data.get("casts") or []))
+    return out
+
+
+def fill_memory(data: dict[str, Any]) -> None:
+    """Add the ``predicted_memory_*`` keys to ``data["summary"]`` where they are absent."""
+    mem = predicted_memory(data)
+    if mem:
+        summary = data.setdefault("summary", {})
+        for key, value in mem.items():
+            summary.setdefault(key, value)
+
+
+def _weights(table: dict[str, Mapping]) -> dict[str, int]:
+    mixed = 0
+    origins: dict[str, int] = {}
+    for t in table.values():
+        if t.get("kind") != WEIGHT:
+            continue
+        numel = int(t.get("numel") or 0)
+        mixed += numel * itemsize(t.get("dtype"))
+        origins[t.get("folded_from") or t["name"]] = numel
+    stored = sum(origins.values())
+    return {"predicted_memory_weights_fp32_bytes": 4 * stored, "predicted_memory_weights_mixed_bytes": mixed,
+            "predicted_memory_weights_all_fp16_bytes": 2 * stored}
+
+
+def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str, int]:
+    """Peak live bytes in each scenario, sweeping the op order once."""
+    cast_outputs = {c.get("output"): c.get("tensor") for c in casts  # inserted ones: the source's are ops
+                    if isinstance(c, Mapping) and c.get("output") and c.get("inserted", True)}
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        for name in op.get("inputs") or ():
+            if name in cast_outputs:
+                start.setdefault(name, i)  # an inserted cast sits right before its first reader
+                end[cast_outputs[name]] = i  # without the cast (FP32, all-FP16) the op reads the source
+            end[name] = i
+        for name in op.get("outputs") or ():
+            start.setdefault(name, i)
+            end.setdefault(name, i)
+    for name, src in cast_outputs.items():
+        if name not in start and src in end:  # a cast nobody reads: it writes a graph output
+            start[name] = end[src]
+    last = max(len(ops) - 1, 0)
+    deltas = {s: [0] * (len(ops) + 1) for s in SCENARIOS}
+    for name, t in table.items():
+        if t.get("kind") == WEIGHT or name not in end and not t.get("graph_output"):
+            continue
+        first = 0 if t.get("kind") == INPUT else start.get(name)
+        if first is None:
+            continue
+        final = last if t.get("graph_output") else end.get(name, first)
+        numel = int(t.get("numel") or 0)
+        sizes = {"mixed": numel * itemsize(t.get("dtype"))}
+        if name not in cast_outputs:  # a cast's copy exists in the mixed plan only
+            sizes["fp32"] = 4 * numel
+            sizes["all_fp16"] = 2 * numel if t.get("dtype") in _PLANNED else numel * itemsize(t.get("dtype"))
+        for s, nbytes in sizes.items():
+            deltas[s][first] += nbytes
+            deltas[s][final + 1] -= nbytes
+    out = {}
+    for s in SCENARIOS:
+        live = peak = 0
+        for d in deltas[s]:
+            live += d
+            peak = max(peak, live)
+        out[f"predicted_memory_activations_{s}_bytes"] = peak
+    return out
+
+
+__all__ = ["MEMORY_KEYS", "fill_memory", "predicted_memory", "tensor_table"]
