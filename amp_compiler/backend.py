@@ -83,7 +83,7 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
         return inner
 
     def run(*args: Any) -> Any:
-        folded.refresh(args=args)
+        folded.refresh(aten, args)
         return inner(*args)
 
     return run

@@ -27,6 +27,7 @@ from torch import fx
 
 from ..errors import ConversionError
 from .importer import WeightSpec, dotted_path
+from .schemas import writes_arguments
 
 
 def _decompositions():
@@ -129,13 +130,16 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
-    def run(*args):
-        return fx.Interpreter(gm).run(*args)
+    from torch._dispatch.python import enable_python_dispatcher
 
-    try:
-        with mode, fx.traceback.preserve_node_meta():
-            traced = make_fx(torch.func.functionalize(run, remove="mutations"),
-                             decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+    def trace(fn):
+        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+
+    try:  # decompose first: torch.func.functionalize cannot run composite ops (dropout) on symbolic sizes
+        with mode, enable_python_dispatcher(), fx.traceback.preserve_node_meta():
+            traced = trace(fx.Interpreter(gm).run)
+            if any(n.op == "call_function" and writes_arguments(n.target) for n in traced.graph.nodes):
+                traced = trace(torch.func.functionalize(fx.Interpreter(traced).run, remove="mutations"))
     except Exception as exc:  # noqa: BLE001
         raise capture_error(exc, source, "make_fx (retracing dynamo's graph)") from exc
     return traced
