@@ -31,10 +31,18 @@ from .importer import WeightSpec, dotted_path
 from .schemas import writes_arguments
 
 
+#: ops core-aten decomposes that are tensor-core work as they are (mv/dot into mul + a deny sum, the
+#: interpolating upsamples into gathers): kept whole, classed by the registry's rows
+_KEEP = ("mv", "dot", "vdot", "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
+         "upsample_bicubic2d")
+
+
 def _decompositions():
     from torch._decomp import core_aten_decompositions
 
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    kept = {getattr(torch.ops.aten, name) for name in _KEEP}
+    return {op: fn for op, fn in table.items() if getattr(op, "_overloadpacket", None) not in kept}
 
 
 @contextlib.contextmanager

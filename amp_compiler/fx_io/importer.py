@@ -298,9 +298,29 @@ def _canonical(registry: Registry, packet: str, node: fx.Node) -> str | None:
     return row.canonical if row else None
 
 
+#: aten reduce names -> the ONNX ``reduction`` attribute the registry's ``deny_attrs`` read
+_REDUCTIONS = {"add": "add", "sum": "add", "mean": "add", "multiply": "mul", "prod": "mul", "amax": "max",
+               "amin": "min"}
+
+
+def _argument(node: fx.Node, index: int, name: str) -> Any:
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name)
+
+
 def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
+    """The ONNX attributes of the same canonical op that the registry reads (``group``, ``reduction``, ``mode``)."""
+    packet = packet[:-1] if packet.endswith("_") and not packet.endswith("__") else packet  # index_put_
     if packet == "convolution" and len(node.args) > 8:
         return {"group": int(node.args[8]) if isinstance(node.args[8], int) else 1}
+    if packet == "scatter_add":
+        return {"reduction": "add"}
+    if packet in ("scatter", "scatter_reduce"):
+        reduce = _argument(node, 4, "reduce")
+        return {"reduction": _REDUCTIONS.get(reduce, reduce)} if reduce else {}
+    if packet in ("index_put", "_unsafe_index_put"):
+        return {"reduction": "add"} if _argument(node, 3, "accumulate") else {}
+    if packet.startswith(("upsample_", "_upsample_")):
+        return {"mode": "cubic" if "cubic" in packet else "nearest" if "nearest" in packet else "linear"}
     return {}
 
 
