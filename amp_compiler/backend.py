@@ -34,6 +34,7 @@ from .dtypes import normalize_low_dtype
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.plans import beyond_fp16
 from .plan import make_context, run_passes
 from .report import Report
 
@@ -65,8 +66,11 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
     ctx = make_context(dtype=low, training=bool(training), **{k: opts[k] for k in _PLAN_OPTIONS if k in opts})
+    masks = frozenset(p.name for i, p in enumerate(placeholders)  # e.g. finfo.min additive masks: kept FP32
+                      if p.name not in weights and i < len(example_inputs)
+                      and isinstance(example_inputs[i], torch.Tensor) and beyond_fp16(example_inputs[i]))
     imp = import_graph_module(aten, source=source, training=bool(training), weights=weights, low_dtype=low,
-                              default_dim=ctx.default_dim)
+                              default_dim=ctx.default_dim, beyond_fp16=masks)
     ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
     report = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
@@ -42,7 +43,7 @@ from .errors import ConversionError
 from .fx_io.capture import export_graph, failing_module
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
-from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan, PlanCache, call_key, describe_key, merge_reports
+from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, describe_key, merge_reports
 from .plan import make_context, run_passes
 from .report import Report
 
@@ -65,7 +66,7 @@ class _ExportRoute:
         o = self.opts
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=self.dynamic_shapes)
         imp = import_graph_module(gm, source=self.source, training=o["training"], low_dtype=o["dtype"],
-                                  default_dim=o["default_dim"])
+                                  default_dim=o["default_dim"], beyond_fp16=_inputs_beyond_fp16(gm, args, kwargs))
         ctx = make_context(**{k: v for k, v in o.items() if k != "backend"})
         ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
         report = run_passes(imp.graph, ctx, self.source, imp.dim_values)
@@ -113,6 +114,15 @@ class _DynamoRoute:
 
 
 _NOT_RUN = object()
+
+
+def _inputs_beyond_fp16(gm: fx.GraphModule, args: tuple, kwargs: dict) -> frozenset[str]:
+    """Placeholders of an unlifted export whose example tensor holds values FP16 cannot (they stay FP32)."""
+    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    if len(tensors) != len(placeholders):
+        return frozenset()
+    return frozenset(n.name for n, t in zip(placeholders, tensors) if beyond_fp16(t))
 
 
 class AmpModule(torch.nn.Module):

@@ -65,8 +65,10 @@ class FxImport:
 
 def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: bool = False,
                         weights: dict[str, WeightSpec] | None = None, registry: Registry | None = None,
-                        low_dtype: str = FLOAT16, default_dim: int = 8) -> FxImport:
-    """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers."""
+                        low_dtype: str = FLOAT16, default_dim: int = 8,
+                        beyond_fp16: frozenset[str] = frozenset()) -> FxImport:
+    """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers;
+    ``beyond_fp16`` names graph inputs whose example holds values FP16 cannot (an additive mask)."""
     registry = registry or DEFAULT_REGISTRY
     weights = weights or {}
     graph = PrecisionGraph(source)
@@ -84,6 +86,8 @@ def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: 
             if spec is None:
                 names[node] = _add_tensor(imp, node.name, val, GRAPH_INPUT, (node, None))
                 graph.inputs.append(names[node])
+                if node.name in beyond_fp16 and low_dtype == FLOAT16:
+                    graph.tensors[names[node]].low_unsafe = f"input {node.name} holds values beyond the FP16 range"
             else:
                 real = spec.value if spec.value is not None else val
                 kind = _weight_kind(real, spec.is_parameter, training, node in mutated)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable
 import torch
 from torch.utils import _pytree as pytree
 
+from ..numerics import FP16_MAX
 from ..report import Report
 
 #: plans kept per compiled module (dynamo's default recompile limit is also 8)
@@ -26,14 +27,24 @@ _SUMMED = ("nodes", "fp16_nodes", "fp32_nodes", "casts", "inserted_casts", "cast
            "predicted_time_fp32_s", "predicted_time_mixed_s", "predicted_time_all_fp16_s")
 
 
+def beyond_fp16(t: torch.Tensor) -> bool:
+    """A float32 tensor holding finite values FP16 cannot (a ``finfo(float32).min`` additive mask)."""
+    if t.dtype != torch.float32 or t.numel() == 0:
+        return False
+    with torch.no_grad():
+        finite = t.detach().abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        return bool(finite.amax() > FP16_MAX)
+
+
 def call_key(args: tuple, kwargs: dict, *, sizes: bool = True) -> Hashable:
-    """What a plan is specialised to: tensor shapes (ranks if not ``sizes``), dtypes, devices, other values."""
+    """What a plan is specialised to: tensor shapes (ranks if not ``sizes``), dtypes, devices, whether a
+    float input holds values FP16 cannot, other values."""
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     out: list[Hashable] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             shape = tuple(leaf.shape) if sizes else leaf.dim()
-            out.append(("tensor", shape, leaf.dtype, leaf.device.type, leaf.requires_grad))
+            out.append(("tensor", shape, leaf.dtype, leaf.device.type, leaf.requires_grad, beyond_fp16(leaf)))
         elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
             out.append(leaf)
         else:  # an object the capture sees through (a cache, a config): its type decides
@@ -107,4 +118,4 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
                    "passes": passes, "alignment": alignment})
 
 
-__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "call_key", "describe_key", "merge_reports"]
+__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "describe_key", "merge_reports"]
