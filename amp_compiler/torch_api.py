@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
@@ -55,6 +56,7 @@ class _ExportRoute:
     """One ``torch.export`` capture and plan per call key."""
 
     name = EXPORT
+    evicts = True  # a dropped plan is just re-captured when its shapes come back
 
     def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any) -> None:
         self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
@@ -87,9 +89,10 @@ class _DynamoRoute:
     """``torch.compile`` with the amp_compiler backend (static shapes: one set of graphs per call key)."""
 
     name = DYNAMO
+    evicts = False  # dynamo keeps its compiled graphs: beyond max_plans new shapes run the FP32 model
 
     def __init__(self, model: torch.nn.Module, opts: dict, source: str) -> None:
-        self.source, self.collected = source, None
+        self.model, self.source, self.collected = model, source, None
         options = {**opts, "on_report": self._collect}
         self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
                                       dynamic=False)
@@ -104,8 +107,9 @@ class _DynamoRoute:
     def plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         """Runs the call (dynamo compiles while running it); returns the plan and the call's output."""
         self.collected = []
-        try:
-            out = self.compiled(*args, **kwargs)
+        try:  # the limit is dynamo's per code object, shared with every model of the class: ours is max_plans
+            with torch._dynamo.config.patch(recompile_limit=1 << 20):
+                out = self.compiled(*args, **kwargs)
             reports = self.collected
         finally:
             self.collected = None
@@ -159,6 +163,11 @@ class AmpModule(torch.nn.Module):
         key = self._route.key(args, kwargs)
         plan = self._cache.get(key)
         out = _NOT_RUN
+        if plan is None and not self._route.evicts and len(self._cache.plans) >= self._cache.limit:
+            warnings.warn(f"amp_compiler: {self._source} holds max_plans={self._cache.limit} plans; a call with "
+                          f"shapes {describe_key(args, kwargs)} runs the FP32 model (raise max_plans, or pass "
+                          f"dynamic_shapes)", stacklevel=3)
+            return Plan(self._route.model, None, describe_key(args, kwargs)), _NOT_RUN
         if plan is None:
             plan, out = self._route.plan(args, kwargs)
             self._cache.put(key, plan)
