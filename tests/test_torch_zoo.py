@@ -127,3 +127,27 @@ def test_other_batch_sizes_and_sequence_lengths_get_plans_of_their_own(name):
     distinct = {tuple(sorted((k, tuple(v.shape)) for k, v in _call(name, b, s).items())) for b, s in [(2, 16)] + calls}
     assert compiled.plans >= len(distinct)  # one per shape (and per grad mode on the dynamo route)
     assert compiled.report.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
+_WIDE = dict(num_hidden_layers=2, hidden_size=512, num_attention_heads=8, intermediate_size=2048)
+#: done-when 2: width 512, batch 8 x 128 tokens (or 8 images of 224^2), the default target
+WIDE = {
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=512, n_head=8, vocab_size=32000,
+                                                   n_positions=256)),
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**_WIDE, num_key_value_heads=2, vocab_size=32000,
+                                                      max_position_embeddings=256)),
+    "bert": lambda: T.BertModel(T.BertConfig(**_WIDE, vocab_size=32000)),
+    "vit": lambda: T.ViTModel(T.ViTConfig(**_WIDE)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WIDE))
+def test_fp16_share_of_tensor_core_flops_where_fp16_pays(name):
+    torch.manual_seed(0)
+    call = {"pixel_values": torch.randn(8, 3, 224, 224)} if name == "vit" else {"input_ids": _ids(8, 128)}
+    report = amp_compiler.compile(WIDE[name]().eval(), example_kwargs=call).report
+    fp32 = [(o["name"], o["reason"]) for o in report.ops if o["class"] == "allow" and o["precision"] != "float16"]
+    print(f"\n{name}: {report.summary['fp16_gemm_flop_fraction']:.4%} of GEMM/conv/attention FLOPs in FP16; "
+          f"FP32: {fp32}")
+    assert report.summary["fp16_gemm_flop_fraction"] >= 0.99
