@@ -34,6 +34,7 @@ from .dtypes import normalize_low_dtype
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.plans import beyond_fp16, finite_peak
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
@@ -66,8 +67,11 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
     ctx = make_context(dtype=low, training=bool(training), **{k: opts[k] for k in _PLAN_OPTIONS if k in opts})
+    peaks = {p.name: finite_peak(example_inputs[i]) for i, p in enumerate(placeholders)  # finfo.min masks
+             if p.name not in weights and i < len(example_inputs)
+             and isinstance(example_inputs[i], torch.Tensor) and beyond_fp16(example_inputs[i])}
     imp = import_graph_module(aten, source=source, training=bool(training), weights=weights,
-                              default_dim=ctx.default_dim)
+                              default_dim=ctx.default_dim, input_peaks=peaks)
     ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp, result)
@@ -85,7 +89,7 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
         return inner
 
     def run(*args: Any) -> Any:
-        folded.refresh(args=args)
+        folded.refresh(aten, args)
         return inner(*args)
 
     return run

@@ -83,15 +83,23 @@ def _snake(name: str) -> str:
 MS = "com.microsoft::"
 
 # -- allow: tensor-core work -----------------------------------------------------------------------
-_op("matmul", ALLOW, ["MatMul", MS + "FusedMatMul"], ["mm", "bmm", "matmul"], flops="matmul", tensor_core=True)
-_op("gemm", ALLOW, ["Gemm"], ["addmm", "baddbmm", "linear"], flops="gemm", tensor_core=True)
+_op("matmul", ALLOW, ["MatMul", MS + "FusedMatMul"], ["mm", "bmm", "matmul", "mv", "dot", "vdot"], flops="matmul",
+    tensor_core=True)
+_op("gemm", ALLOW, ["Gemm"], ["addmm", "baddbmm", "linear", "addmv"], flops="gemm", tensor_core=True)
+_op("batch_reduce_gemm", ALLOW, [], ["addbmm"], flops="einsum", tensor_core=True,
+    note="a sum of batched GEMMs (one cuBLAS call)")
 _op("conv", ALLOW, ["Conv", MS + "FusedConv"], ["convolution", "conv1d", "conv2d", "conv3d"], flops="conv", tensor_core=True)
+_op("conv_tbc", ALLOW, [], ["conv_tbc"], flops="einsum", tensor_core=True,
+    note="time-batch-channel 1-D convolution: a GEMM per kernel tap")
 _op("conv_transpose", ALLOW, ["ConvTranspose"], ["conv_transpose1d", "conv_transpose2d"], flops="conv_transpose", tensor_core=True)
 _op("einsum", ALLOW, ["Einsum"], ["einsum"], flops="einsum", tensor_core=True)
 _op("attention", ALLOW, ["Attention", MS + "Attention", MS + "MultiHeadAttention", MS + "GroupQueryAttention",
                           MS + "PackedAttention", MS + "DecoderMaskedMultiHeadAttention"],
     ["scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_attention_math"],
+     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention_overrideable",
+     "_scaled_dot_product_attention_math", "_efficient_attention_forward", "_flash_attention_forward",
+     "_cudnn_attention_forward", "_native_multi_head_attention"],
     flops="attention", tensor_core=True, note="attention kernels accumulate in FP32")
 _op("gemm_fast_gelu", ALLOW, [MS + "GemmFastGelu"], flops="matmul", tensor_core=True)
 _op("rnn", ALLOW, ["LSTM", "GRU", "RNN"], ["lstm", "gru", "rnn_tanh", "rnn_relu"], flops="rnn", tensor_core=True,
@@ -101,8 +109,8 @@ _op("rnn", ALLOW, ["LSTM", "GRU", "RNN"], ["lstm", "gru", "rnn_tanh", "rnn_relu"
 _many(INFER, "Add/add Sub/sub,rsub Mul/mul Div/div Neg/neg Abs/abs Relu/relu LeakyRelu/leaky_relu PRelu/prelu "
              "Elu/elu Selu Celu Sigmoid/sigmoid Tanh/tanh HardSigmoid/hardsigmoid HardSwish/hardswish "
              "Mish/mish Swish/silu Softsign ThresholdedRelu Clip/clamp,clamp_min,clamp_max,hardtanh "
-             "Erf/erf Sqrt/sqrt Rsqrt/rsqrt Reciprocal/reciprocal Min/minimum Max/maximum Mean Sum "
-             "Sin/sin Cos/cos Tan Ceil/ceil Floor/floor Round/round Sign/sign Shrink Mod/fmod,remainder "
+             "Erf/erf Sqrt/sqrt Min/minimum Max/maximum Mean Sum "
+             "Sin/sin Cos/cos Ceil/ceil Floor/floor Round/round Sign/sign Shrink Mod/fmod,remainder "
              "Where/where Equal/eq Greater/gt GreaterOrEqual/ge Less/lt LessOrEqual/le Not/logical_not "
              "IsNaN/isnan IsInf/isinf ArgMax/argmax ArgMin/argmin Dropout/dropout,native_dropout "
              "GridSample/grid_sampler_2d RotaryEmbedding SwiGLU Trilu/tril,triu CausalConvWithState")
@@ -145,13 +153,21 @@ _many(CLEAR, "Transpose/permute,transpose,t Concat/cat Split/split,split_with_si
              "SpaceToDepth Compress ReverseSequence Scatter MaxPool/max_pool2d_with_indices,max_pool2d "
              "GlobalMaxPool MaxRoiPool MaxUnpool ReduceMax/amax,max ReduceMin/amin,min "
              "Pad/constant_pad_nd,pad CenterCropPad Col2Im TopK/topk Hardmax Shape Size NonZero/nonzero "
-             "OneHot Resize/upsample_nearest2d,upsample_bilinear2d Upsample TensorScatter Optional "
+             "OneHot Upsample TensorScatter Optional "
              "OptionalGetElement OptionalHasElement")
+_op("resize", CLEAR, ["Resize"], ["upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+                                   "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
+                                   "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"],
+    deny_attrs=(("mode", ("linear", "cubic"), "linear/cubic interpolation computes weighted sums in the op's "
+                 "dtype (nearest only copies)"),))
 _SCATTER_REDUCE = (("reduction", ("add", "mul", "max", "min"),
                     "scatter with a reduction combines updates in the op's dtype (add/mul accumulate; "
                     "ONNX Runtime's CPU kernels refuse FP16 with a reduction)"),)
-_op("scatter_nd", CLEAR, ["ScatterND"], ["index_put"], deny_attrs=_SCATTER_REDUCE)
-_op("scatter_elements", CLEAR, ["ScatterElements"], ["scatter", "scatter_add"], deny_attrs=_SCATTER_REDUCE)
+# the FX importer gives the aten forms the ONNX attribute: scatter_add, scatter(reduce=...), scatter_reduce and
+# index_put(accumulate=True) carry ``reduction``
+_op("scatter_nd", CLEAR, ["ScatterND"], ["index_put", "_unsafe_index_put"], deny_attrs=_SCATTER_REDUCE)
+_op("scatter_elements", CLEAR, ["ScatterElements"], ["scatter", "scatter_add", "scatter_reduce"],
+    deny_attrs=_SCATTER_REDUCE)
 _op("cast", CLEAR, ["Cast", "CastLike"], ["_to_copy", "to", "convert_element_type"], dtype_attrs=("to",),
     note="existing casts are retargeted or removed by the casts pass")
 _op("constant", CLEAR, ["Constant"], ["scalar_tensor", "full", "zeros", "ones"], dtype_attrs=("value",))
@@ -162,8 +178,14 @@ _op("eye_like", CLEAR, ["EyeLike"], dtype_attrs=("dtype",),
 
 # -- deny: numerically unsafe in FP16 --------------------------------------------------------------
 _RANGE = "overflows or loses precision in FP16"
-_op("exp", DENY, ["Exp"], ["exp"], flops_per_element=4, note="exp overflows FP16 above 11.1")
-_op("log", DENY, ["Log"], ["log"], flops_per_element=4, note="log of small FP16 values loses precision")
+_op("exp", DENY, ["Exp"], ["exp", "expm1"], flops_per_element=4, note="exp overflows FP16 above 11.1")
+_op("log", DENY, ["Log"], ["log", "log1p", "log2", "log10"], flops_per_element=4,
+    note="log of small FP16 values loses precision")
+# torch autocast (CUDA) and Apex O1 run these in FP32; ONNX and aten forms share the row
+_op("rsqrt", DENY, ["Rsqrt"], ["rsqrt"], note="1/sqrt(x) overflows FP16 for x below 6e-5 (autocast keeps it FP32)")
+_op("reciprocal", DENY, ["Reciprocal"], ["reciprocal"],
+    note="1/x overflows FP16 for |x| below 6e-5 (autocast keeps it FP32)")
+_op("erfinv", DENY, [], ["erfinv"], note="erfinv " + "overflows or loses precision in FP16")
 _op("pow", DENY, ["Pow"], ["pow"], flops_per_element=4, note="pow " + _RANGE)
 for _name, _aten in (("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceProd", "prod"), ("ReduceL1", ""),
                      ("ReduceL2", "norm,linalg_vector_norm"), ("ReduceLogSum", ""), ("ReduceLogSumExp", "logsumexp"),
@@ -176,7 +198,8 @@ _many(DENY, "SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss/nll_loss_forward,
       note="losses are reductions over log-probabilities")
 _many(DENY, "LpNormalization LpPool GlobalLpPool MeanVarianceNormalization LRN", flops="reduction",
       note="normalisation accumulates in the op's dtype")
-_many(DENY, "Sinh Cosh Asin Acos Atan Asinh Acosh Atanh Det DFT STFT AffineGrid", note=_RANGE)
+_many(DENY, "Tan/tan Sinh/sinh Cosh/cosh Asin/asin Acos/acos Atan Asinh Acosh Atanh Det DFT STFT AffineGrid",
+      note=_RANGE)
 _many(DENY, "Range/arange BlackmanWindow HammingWindow HannWindow MelWeightMatrix",
       note="generated values lose precision in FP16")
 _many(DENY, "RandomNormal/randn RandomUniform/rand RandomNormalLike/randn_like RandomUniformLike/rand_like "

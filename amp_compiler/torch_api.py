@@ -1,66 +1,214 @@
 """``amp_compiler.compile``: an FP32 ``nn.Module`` in, a mixed-precision module and its report out.
 
-The model's forward is captured once with ``torch.export`` (aten level), planned by the
-same passes as the ONNX path, and the plan is written back into the captured
-``GraphModule``: the module returned *is* that GraphModule, with the model's parameters
-(shared, FP32), its forward signature, its output dtypes, and a ``.report``.
+Two capture routes (``docs/architecture.md``, "Capture routes and shapes"):
+
+* ``torch.export`` (non-strict, aten level), tried first: one ``GraphModule`` per plan,
+  planned by the same passes as the ONNX path, the plan written back into it;
+* when export cannot capture the model (a data-dependent branch, an output type without
+  a pytree, a view export's tracer refuses), ``torch.compile`` with this package's
+  backend: dynamo splits the forward at what it cannot trace and every graph is planned;
+  the report merges them (``report.summary["capture"]``, ``["graphs"]``).
+
+Only when neither route captures anything does ``compile`` raise: one ``ConversionError``
+naming the module and the construct, and what to try next.
+
+The module returned, an ``AmpModule``, shares the model's parameters, buffers and
+submodules (its ``state_dict`` is the model's), keeps the forward's signature and output
+dtypes, and plans per call shape: a call whose shapes (or dtypes, or non-tensor
+arguments) differ from every plan's is captured and planned again, up to
+``max_plans`` plans (least recently used dropped first). ``amp_model.plans`` says how
+many exist, ``amp_model.report`` is the report of the plan the last call used.
 
 * inference (``training=False``, the default for a model in eval mode): every weight an
-  FP16 op reads is cast once, at compile time, into an FP16 buffer and reused; the copy
-  is recast automatically if the FP32 master changes in place (``load_state_dict``);
+  FP16 op reads is cast once, at plan time, into an FP16 buffer and reused; the copy is
+  recast automatically if the FP32 master changes in place (``load_state_dict``);
 * training (``training=True``, the default for a model in train mode): the casts of the
   weights stay in the graph, so gradients flow to the FP32 parameters; buffers the model
   writes (BatchNorm running statistics) are written back as in eager mode.
-
-The graph is specialised to the mode it was captured in and to the example inputs'
-shapes unless ``dynamic_shapes`` says otherwise (``torch.export`` semantics).
 """
 
 from __future__ import annotations
 
-import types
-from typing import Any, Iterable
+import contextlib
+import functools
+import warnings
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
+from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
-from .fx_io.capture import export_graph
-from .fx_io.emitter import FOLDED_ATTR, emit
+from .errors import ConversionError
+from .fx_io.capture import export_graph, failing_module
+from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, describe_key, finite_peak,
+                          merge_reports)
 from .plan import make_context, run_passes
 from .plan_report import build_report
+from .report import Report
 
 BACKENDS = (None, "inductor")
+EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
 
 
-class _RefreshFolded:
-    """Forward pre-hook: recast the folded FP16 weights whose FP32 master changed."""
+class _ExportRoute:
+    """One ``torch.export`` capture and plan per call key."""
 
-    def __init__(self, root: fx.GraphModule) -> None:
-        self.root = root
+    name = EXPORT
+    evicts = True  # a dropped plan is just re-captured when its shapes come back
 
-    def __call__(self, module: torch.nn.Module, args: Any) -> None:
-        folded = getattr(self.root, FOLDED_ATTR, None)
-        if folded is not None and folded.entries:
-            folded.refresh(self.root)
+    def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any) -> None:
+        self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
+
+    def key(self, args: tuple, kwargs: dict):
+        return call_key(args, kwargs, sizes=self.dynamic_shapes is None)
+
+    def plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        o = self.opts
+        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=self.dynamic_shapes)
+        imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
+                                  input_peaks=_input_peaks(gm, args, kwargs))
+        ctx = make_context(**{k: v for k, v in o.items() if k != "backend"})
+        ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
+        result = run_passes(imp.graph, ctx, self.source, imp.dim_values)
+        folded = emit(imp, result)
+        report = build_report(result)  # after emission: counts the casts the emitter added
+        report.summary.update(capture=self.name, graphs=1)
+        torch.nn.Module.train(gm, o["training"])
+        inner: Callable = torch.compile(gm, backend="inductor") if o["backend"] == "inductor" else gm
+
+        def run(*a: Any, **k: Any) -> Any:
+            if folded.entries:
+                folded.refresh(gm)
+            return inner(*a, **k)
+
+        return Plan(run, report, describe_key(args, kwargs), gm), _NOT_RUN
 
 
-def _pin_mode(gm: fx.GraphModule, training: bool, source: str) -> None:
-    """``train()``/``eval()`` keep the captured mode and refuse the other with a clear message."""
-    torch.nn.Module.train(gm, training)
+class _DynamoRoute:
+    """``torch.compile`` with the amp_compiler backend (static shapes: one set of graphs per call key)."""
 
-    def train(self, mode: bool = True):
-        if bool(mode) != training:
-            have, want = ("train", "eval") if training else ("eval", "train")
+    name = DYNAMO
+    evicts = False  # dynamo keeps its compiled graphs: beyond max_plans new shapes run the FP32 model
+
+    def __init__(self, model: torch.nn.Module, opts: dict, source: str) -> None:
+        self.model, self.source, self.collected = model, source, None
+        options = {**opts, "on_report": self._collect}
+        self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
+                                      dynamic=False)
+
+    def _collect(self, report: Report) -> None:
+        if self.collected is not None:
+            self.collected.append(report)
+
+    def key(self, args: tuple, kwargs: dict):
+        return call_key(args, kwargs), torch.is_grad_enabled()  # dynamo guards on grad mode too
+
+    def plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        """Runs the call (dynamo compiles while running it); returns the plan and the call's output."""
+        self.collected = []
+        try:  # the limit is dynamo's per code object, shared with every model of the class: ours is max_plans
+            with torch._dynamo.config.patch(recompile_limit=1 << 20):
+                out = self.compiled(*args, **kwargs)
+            reports = self.collected
+        finally:
+            self.collected = None
+        report = merge_reports(reports, self.source, self.name) if reports else None
+        return Plan(self.compiled, report, describe_key(args, kwargs)), out
+
+
+_NOT_RUN = object()
+
+
+def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, float]:
+    """Largest magnitudes of an unlifted export's example inputs that FP16 cannot hold, by placeholder
+    (a ``finfo.min`` additive mask): the numerics pass keeps what reads them FP32."""
+    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    if len(tensors) != len(placeholders):
+        return {}
+    return {n.name: finite_peak(t) for n, t in zip(placeholders, tensors) if beyond_fp16(t)}
+
+
+class AmpModule(torch.nn.Module):
+    """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
+
+    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, limit: int) -> None:
+        super().__init__()
+        # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
+        self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
+        self.training = training
+        self.__dict__.update(_route=route, _cache=PlanCache(limit), _last=None, _source=source)
+
+    @property
+    def capture(self) -> str:
+        """Which route captured the model: ``"torch.export"`` or dynamo's."""
+        return self._route.name
+
+    @property
+    def plans(self) -> int:
+        """How many plans (call shapes) this module holds now."""
+        return len(self._cache.plans)
+
+    @property
+    def report(self) -> Report | None:
+        """The report of the plan the last call used (the example's until another shape is called)."""
+        return self._last.report if self._last is not None else None
+
+    @property
+    def reports(self) -> list[tuple[str, Report | None]]:
+        """``(call shapes, report)`` of each plan held, least recently used first."""
+        return [(p.shapes, p.report) for p in self._cache.plans.values()]
+
+    def _plan(self, args: tuple, kwargs: dict) -> Any:
+        key = self._route.key(args, kwargs)
+        plan = self._cache.get(key)
+        out = _NOT_RUN
+        if plan is None and not self._route.evicts and len(self._cache.plans) >= self._cache.limit:
+            warnings.warn(f"amp_compiler: {self._source} holds max_plans={self._cache.limit} plans; a call with "
+                          f"shapes {describe_key(args, kwargs)} runs the FP32 model (raise max_plans, or pass "
+                          f"dynamic_shapes)", stacklevel=3)
+            return Plan(self._route.model, None, describe_key(args, kwargs)), _NOT_RUN
+        if plan is None:
+            plan, out = self._route.plan(args, kwargs)
+            self._cache.put(key, plan)
+        self.__dict__["_last"] = plan
+        return plan, out
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        plan, out = self._plan(args, kwargs)
+        return plan.run(*args, **kwargs) if out is _NOT_RUN else out
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            gm = self.__dict__.get("_last") and self.__dict__["_last"].graph_module
+            if name in ("graph", "code", "graph_module") and gm is not None:
+                return gm if name == "graph_module" else getattr(gm, name)
+            raise
+
+    def train(self, mode: bool = True) -> "AmpModule":
+        if bool(mode) != self.training:
+            have, want = ("train", "eval") if self.training else ("eval", "train")
             raise RuntimeError(
-                f"amp_compiler: {source} was compiled in {have} mode; the captured graph is specialised "
+                f"amp_compiler: {self._source} was compiled in {have} mode; the captured graph is specialised "
                 f"to it (dropout, batch-norm statistics), so it cannot switch to {want} mode. "
                 f"Compile model.{want}() separately.")
         return self
 
-    gm.train = types.MethodType(train, gm)
-    gm.eval = types.MethodType(lambda self: self.train(False), gm)
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        for plan in self._cache.plans.values():
+            if plan.graph_module is not None:
+                plan.graph_module._apply(fn, recurse)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"capture={self.capture!r}, plans={self.plans}"
 
 
 def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs: dict | None = None,
@@ -68,48 +216,83 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
             dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
-            deny_propagation: bool = False) -> torch.nn.Module:
-    """Plan and apply mixed precision on ``model``; returns the rewritten module with ``.report``.
+            deny_propagation: bool = False, max_plans: int = DEFAULT_PLAN_LIMIT) -> AmpModule:
+    """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
-    called with; their shapes size the cost model (``dynamic_shapes``, as for
-    ``torch.export``, lets other sizes run). ``target`` is the device the plan is for,
+    called with; their shapes size the cost model; other shapes get plans of their own
+    (at most ``max_plans``), or, with ``dynamic_shapes`` (as for ``torch.export``), share
+    one symbolic plan sized by the example. ``target`` is the device the plan is for,
     ``dtype`` float16 or bfloat16, ``planner`` "optimal" (min-cut) or "greedy". ``allow`` /
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``
     (default: ``model.training``) keeps the weight casts in the graph so gradients reach the
     FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
-    outputs' dtypes. ``backend="inductor"`` hands the rewritten graph to ``torch.compile`` so
-    the remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
-    ``convert_onnx`` (infer ops fed by deny ops stay FP32). Raises ``ConversionError`` naming the
-    construct when the model cannot be captured.
+    outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
+    remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
+    ``convert_onnx``. Raises one ``ConversionError`` naming the module and the construct when
+    neither torch.export nor dynamo can capture the model.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"amp_compiler.compile takes an nn.Module, got {type(model).__name__}")
+    if max_plans < 1:
+        raise ValueError(f"max_plans must be >= 1, got {max_plans}")
     low = normalize_low_dtype(str(dtype))
     training = model.training if training is None else bool(training)
-    ctx = make_context(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=allow,
-                       deny=deny, deny_nodes=deny_nodes, training=training, default_dim=default_dim,
-                       profile=profile, deny_propagation=deny_propagation)
-    args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
+                deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
+                profile=profile, deny_propagation=deny_propagation, backend=backend)
+    make_context(**{k: v for k, v in opts.items() if k != "backend"})  # bad options fail before any capture
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    kwargs = dict(example_kwargs or {})
     source = type(model).__name__
-    gm = export_graph(model, tuple(args), example_kwargs, source=source, dynamic_shapes=dynamic_shapes)
-    imp = import_graph_module(gm, source=source, training=training, default_dim=default_dim)
-    ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
-    result = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp, result)
-    report = build_report(result)  # after emission: counts the casts the emitter added
-    _pin_mode(gm, model.training, source)
-    gm.report = report
-    hook = _RefreshFolded(gm)
-    if backend == "inductor":
-        compiled = torch.compile(gm, backend="inductor")
-        compiled.register_forward_pre_hook(hook)
-        return compiled
-    gm.register_forward_pre_hook(hook)
-    return gm
+    route: Any = _ExportRoute(model, opts, source, dynamic_shapes)
+    try:
+        plan, _ = route.plan(args, kwargs)
+    except ConversionError as export_error:
+        if dynamic_shapes is not None:
+            raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+        route = _DynamoRoute(model, opts, source)
+        plan = _dynamo_or_raise(route, model, args, kwargs, export_error, training)
+    amp = AmpModule(model, route, model.training, source, max_plans)
+    amp._cache.put(route.key(args, kwargs) if route.name == EXPORT else _grad_key(route, args, kwargs, training),
+                   plan)
+    amp.__dict__["_last"] = plan
+    return amp
 
 
-__all__ = ["compile"]
+def _grad_key(route: "_DynamoRoute", args: tuple, kwargs: dict, training: bool):
+    with _grad_mode(training):
+        return route.key(args, kwargs)
+
+
+def _grad_mode(training: bool):
+    return contextlib.nullcontext() if training else torch.no_grad()
+
+
+def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
+                     export_error: ConversionError, training: bool) -> Plan:
+    """The dynamo route's plan of the example call, or one error naming module and construct."""
+    try:
+        with _grad_mode(training):
+            plan, _ = route.plan(args, kwargs)
+        if plan.report is not None:
+            return plan
+        dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
+    except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
+        inner = exc
+        while inner.__cause__ is not None and not isinstance(inner, ConversionError):
+            inner = inner.__cause__
+        dynamo = f"torch.compile failed too ({inner.reason if isinstance(inner, ConversionError) else inner})"
+    module = failing_module(export_error, model)
+    where = f"module {module}" if module else "the top-level forward"
+    raise ConversionError(
+        route.source, f"{where}, {export_error.where}",
+        f"{export_error.reason}; {dynamo}; next: make that construct traceable (torch.where/torch.cond for a "
+        f"branch on values, a pytree registration for a custom output type), or compile the submodules "
+        f"that trace (amp_compiler.compile(model.<submodule>, ...))") from export_error
+
+
+__all__ = ["AmpModule", "compile"]

@@ -23,7 +23,7 @@ def build_bert():
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=1024, attn_implementation="eager")
+                        intermediate_size=1024)  # default attention: SDPA
     model = BertForMaskedLM(config).eval()
     ids = torch.randint(0, config.vocab_size, (8, 128))
     return model, ids, torch.ones_like(ids)

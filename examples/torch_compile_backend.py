@@ -24,7 +24,7 @@ def build_model():
         def __init__(self):
             super().__init__()
             config = ViTConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                               num_labels=100, attn_implementation="eager")
+                               num_labels=100)  # default attention: SDPA
             self.vit = ViTForImageClassification(config)
 
         def forward(self, pixels):

@@ -174,3 +174,23 @@ def test_import_registers_the_backend():
     assert lookup_backend("amp_compiler") is amp_backend.amp_compiler_backend
     amp_backend.register()  # idempotent
 
+
+
+class _Dropped(torch.nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.fc, self.drop = torch.nn.Linear(256, 256), torch.nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop(self.fc(x))
+
+
+def test_a_recompile_that_makes_a_float_attribute_an_input_still_plans():
+    """The same forward with another Dropout p: dynamo recompiles with p as a tensor input read by
+    ``.item()`` (the ViT-after-BERT failure); the plan's dtype check must accept that scalar read."""
+    x = torch.randn(512, 256)
+    for p in (0.1, 0.2, 0.0):
+        model = _Dropped(p).eval()
+        with torch.no_grad():
+            out = torch.compile(model, backend="amp_compiler", options={"planner": "all"})(x)
+            assert rel_error(model(x), out) < 1e-2

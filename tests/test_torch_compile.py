@@ -122,7 +122,7 @@ def test_weights_stay_fp32_parameters_and_fp16_copies_are_folded_once():
     compiled = case.compiled
     assert {p.dtype for p in compiled.parameters()} == {torch.float32}
     assert compiled.state_dict().keys() == case.model.state_dict().keys()  # folded copies are not persistent
-    folded = compiled.get_submodule("_amp_folded")
+    folded = compiled.graph_module.get_submodule("_amp_folded")
     assert folded.entries and {b.dtype for b in folded.buffers()} == {torch.float16}
     # no per-use weight casts: every inserted cast converts an activation
     weights = {n.name for n in compiled.graph.nodes if n.op in ("get_attr", "placeholder")}

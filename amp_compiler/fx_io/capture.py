@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
 import sys
 import warnings
@@ -27,12 +28,21 @@ from torch import fx
 
 from ..errors import ConversionError
 from .importer import WeightSpec, dotted_path
+from .schemas import writes_arguments
+
+
+#: ops core-aten decomposes that are tensor-core work as they are (mv/dot into mul + a deny sum, the
+#: interpolating upsamples into gathers): kept whole, classed by the registry's rows
+_KEEP = ("mv", "dot", "vdot", "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
+         "upsample_bicubic2d")
 
 
 def _decompositions():
     from torch._decomp import core_aten_decompositions
 
-    return core_aten_decompositions()
+    table = core_aten_decompositions()
+    kept = {getattr(torch.ops.aten, name) for name in _KEEP}
+    return {op: fn for op, fn in table.items() if getattr(op, "_overloadpacket", None) not in kept}
 
 
 @contextlib.contextmanager
@@ -69,13 +79,21 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
         raise capture_error(exc, source) from exc
 
 
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.partition(".")[0]]))
+
+
+def _user_file(path: str) -> bool:
+    """A frame of the user's code: not torch's, not this package's, not generated (``<string>``)."""
+    return not path.startswith("<") and not os.path.abspath(path).startswith(_LIBRARIES)
+
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)(?:\n    (\S.*))?')
 
 
 def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -> ConversionError:
     """A ``ConversionError`` naming the construct and the user's line that torch could not capture."""
     text = str(exc)
-    frames = [m for m in _FRAME.finditer(text) if "/torch/" not in m.group(1)]
+    frames = [m for m in _FRAME.finditer(text) if _user_file(m.group(1))]
     where = ""
     if frames:
         f = frames[-1]
@@ -84,18 +102,34 @@ def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -
         tb = exc.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code
-            if "/torch/" not in code.co_filename and "amp_compiler" not in code.co_filename:
+            if _user_file(code.co_filename):
                 where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
             tb = tb.tb_next
     name = type(exc).__name__
     if name == "GuardOnDataDependentSymNode" or "data-dependent" in text:
         reason = ("data-dependent Python control flow (an if/while/int()/.item() on a tensor's value) "
-                  "cannot be captured as one graph; rewrite it with torch.where/torch.cond, or use "
-                  "torch.compile(model, backend='amp_compiler'), which splits the graph there")
+                  "cannot be captured as one graph; rewrite it with torch.where/torch.cond")
     else:
         first = next((line for line in text.splitlines() if line.strip()), name)
         reason = f"{tool} could not capture the model ({name}: {first.strip()[:300]})"
     return ConversionError(source, where or "forward", reason)
+
+
+def failing_module(exc: BaseException | None, model: torch.nn.Module) -> str:
+    """``path (Class)`` of the innermost submodule of ``model`` running when ``exc`` (or its cause) was raised."""
+    by_id = {id(m): (name, m) for name, m in model.named_modules()}
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            found = by_id.get(id(tb.tb_frame.f_locals.get("self")), found)
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    if found is None:
+        return ""
+    name, module = found
+    return f"{name or '<root>'} ({type(module).__name__})"
 
 
 # -- dynamo --------------------------------------------------------------------------------------
@@ -129,16 +163,19 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
-    def run(*args):
-        return fx.Interpreter(gm).run(*args)
+    from torch._dispatch.python import enable_python_dispatcher
 
-    try:
-        with mode, fx.traceback.preserve_node_meta():
-            traced = make_fx(torch.func.functionalize(run, remove="mutations"),
-                             decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+    def trace(fn):
+        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+
+    try:  # decompose first: torch.func.functionalize cannot run composite ops (dropout) on symbolic sizes
+        with mode, enable_python_dispatcher(), fx.traceback.preserve_node_meta():
+            traced = trace(fx.Interpreter(gm).run)
+            if any(n.op == "call_function" and writes_arguments(n.target) for n in traced.graph.nodes):
+                traced = trace(torch.func.functionalize(fx.Interpreter(traced).run, remove="mutations"))
     except Exception as exc:  # noqa: BLE001
         raise capture_error(exc, source, "make_fx (retracing dynamo's graph)") from exc
     return traced
 
 
-__all__ = ["capture_error", "dynamo_aten_graph", "dynamo_weights", "export_graph"]
+__all__ = ["capture_error", "dynamo_aten_graph", "dynamo_weights", "export_graph", "failing_module"]

@@ -195,8 +195,9 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     vals = [n.meta.get("val", n.meta.get("example_value")) for n in placeholders]
     mode = detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
-    saved = mode.allow_non_fake_inputs
-    mode.allow_non_fake_inputs = True
+    saved = mode.allow_non_fake_inputs, mode.allow_scalar_outputs
+    # .item() of an unspecialised float (dynamo turns a module's float attribute into an input)
+    mode.allow_non_fake_inputs = mode.allow_scalar_outputs = True
     prop = _Prop(gm, mode)
     try:
         inputs = [v if not isinstance(v, torch.Tensor) or detect_fake_mode([v]) else mode.from_tensor(v)
@@ -207,7 +208,7 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> 
         raise ConversionError(graph.name, f"op {_op_of(imp, node)}" if node else "converted graph",
                               f"does not run with the planned dtypes: {str(exc).splitlines()[0]}") from exc
     finally:
-        mode.allow_non_fake_inputs = saved
+        mode.allow_non_fake_inputs, mode.allow_scalar_outputs = saved
     g = gm.graph
     for name, node in value.items():
         t = graph.tensors.get(name)

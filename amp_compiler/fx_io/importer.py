@@ -23,7 +23,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import fx
@@ -63,8 +63,10 @@ class FxImport:
 
 def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: bool = False,
                         weights: dict[str, WeightSpec] | None = None, registry: Registry | None = None,
-                        default_dim: int = 8) -> FxImport:
-    """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers."""
+                        default_dim: int = 8, input_peaks: Mapping[str, float] | None = None) -> FxImport:
+    """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers;
+    ``input_peaks`` gives graph inputs' largest example magnitudes (an additive mask of
+    ``finfo.min``), recorded as calibrated peaks for the numerics pass to judge."""
     registry = registry or DEFAULT_REGISTRY
     weights = weights or {}
     graph = PrecisionGraph(source)
@@ -82,6 +84,8 @@ def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: 
             if spec is None:
                 names[node] = _add_tensor(imp, node.name, val, GRAPH_INPUT, (node, None))
                 graph.inputs.append(names[node])
+                if input_peaks and node.name in input_peaks:
+                    graph.tensors[names[node]].calibrated_peak = input_peaks[node.name]
             else:
                 real = spec.value if spec.value is not None else val
                 kind = _weight_kind(real, spec.is_parameter, training, node in mutated)
@@ -278,9 +282,29 @@ def _canonical(registry: Registry, packet: str, node: fx.Node) -> str | None:
     return row.canonical if row else None
 
 
+#: aten reduce names -> the ONNX ``reduction`` attribute the registry's ``deny_attrs`` read
+_REDUCTIONS = {"add": "add", "sum": "add", "mean": "add", "multiply": "mul", "prod": "mul", "amax": "max",
+               "amin": "min"}
+
+
+def _argument(node: fx.Node, index: int, name: str) -> Any:
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name)
+
+
 def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
+    """The ONNX attributes of the same canonical op that the registry reads (``group``, ``reduction``, ``mode``)."""
+    packet = packet[:-1] if packet.endswith("_") and not packet.endswith("__") else packet  # index_put_
     if packet == "convolution" and len(node.args) > 8:
         return {"group": int(node.args[8]) if isinstance(node.args[8], int) else 1}
+    if packet == "scatter_add":
+        return {"reduction": "add"}
+    if packet in ("scatter", "scatter_reduce"):
+        reduce = _argument(node, 4, "reduce")
+        return {"reduction": _REDUCTIONS.get(reduce, reduce)} if reduce else {}
+    if packet in ("index_put", "_unsafe_index_put"):
+        return {"reduction": "add"} if _argument(node, 3, "accumulate") else {}
+    if packet.startswith(("upsample_", "_upsample_")):
+        return {"mode": "cubic" if "cubic" in packet else "nearest" if "nearest" in packet else "linear"}
     return {}
 
 

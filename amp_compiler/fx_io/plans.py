@@ -1,0 +1,125 @@
+"""Plans of one compiled module: keyed by the call's shapes, bounded, and one merged report.
+
+``amp_compiler.compile`` plans for the shapes it is called with (the cost model's sizes
+come from them). ``call_key`` says which calls may share a plan: same tensor shapes (or
+ranks, where the user gave ``dynamic_shapes``), dtypes and devices, and the same
+non-tensor arguments (a Python scalar is specialised by both capture routes).
+``PlanCache`` keeps the last ``limit`` plans, least recently used out first.
+``merge_reports`` makes one report of the per-graph reports of a dynamo capture (one
+graph per graph break); ``docs/architecture.md`` ("Capture routes and shapes") says why.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..numerics import FP16_MAX
+from ..report import Report
+
+#: plans kept per compiled module (dynamo's default recompile limit is also 8)
+DEFAULT_PLAN_LIMIT = 8
+_SUMMED = ("nodes", "fp16_nodes", "fp32_nodes", "casts", "inserted_casts", "cast_bytes", "gemm_flops",
+           "predicted_time_fp32_s", "predicted_time_mixed_s", "predicted_time_all_fp16_s")
+
+
+def finite_peak(t: torch.Tensor) -> float:
+    """Largest finite magnitude of a float32 tensor (0.0 for other dtypes and empty tensors)."""
+    if t.dtype != torch.float32 or t.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        return float(t.detach().abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).amax())
+
+
+def beyond_fp16(t: torch.Tensor) -> bool:
+    """A float32 tensor holding finite values FP16 cannot (a ``finfo(float32).min`` additive mask)."""
+    return finite_peak(t) > FP16_MAX
+
+
+def call_key(args: tuple, kwargs: dict, *, sizes: bool = True) -> Hashable:
+    """What a plan is specialised to: tensor shapes (ranks if not ``sizes``), dtypes, devices, whether a
+    float input holds values FP16 cannot, other values."""
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    out: list[Hashable] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            shape = tuple(leaf.shape) if sizes else leaf.dim()
+            out.append(("tensor", shape, leaf.dtype, leaf.device.type, leaf.requires_grad, beyond_fp16(leaf)))
+        elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            out.append(leaf)
+        else:  # an object the capture sees through (a cache, a config): its type decides
+            out.append(("object", type(leaf).__qualname__))
+    return str(spec), tuple(out)
+
+
+def describe_key(args: tuple, kwargs: dict) -> str:
+    """The tensor shapes of a call, for messages: ``(2, 16), attention_mask=(2, 16)``."""
+    def one(v: Any) -> str:
+        return str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+@dataclass
+class Plan:
+    """One planned graph (or, for the dynamo route, the reports of the graphs one call compiled)."""
+
+    run: Callable
+    report: Report
+    shapes: str
+    graph_module: Any = None  # the rewritten GraphModule (torch.export route), else None
+
+
+@dataclass
+class PlanCache:
+    """Plans by ``call_key``, most recently used last; at most ``limit`` kept."""
+
+    limit: int = DEFAULT_PLAN_LIMIT
+    plans: "OrderedDict[Hashable, Plan]" = field(default_factory=OrderedDict)
+    made: int = 0  # plans made in all, evicted ones included
+
+    def get(self, key: Hashable) -> Plan | None:
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+        return plan
+
+    def put(self, key: Hashable, plan: Plan) -> Plan:
+        self.plans[key] = plan
+        self.made += 1
+        while len(self.plans) > self.limit:
+            self.plans.popitem(last=False)
+        return plan
+
+
+def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
+    """One report over ``reports`` (the graphs of one capture); ops and casts carry their graph's index."""
+    if not reports:
+        raise ValueError("merge_reports needs at least one report")
+    first = reports[0].data
+    ops, casts, passes, alignment = [], [], [], []
+    for i, r in enumerate(reports):
+        ops += [{**op, "graph": i} for op in r.ops]
+        casts += [{**c, "graph": i} for c in r.casts]
+        passes += [{**p, "graph": i} for p in r.passes]
+        alignment += list(r.alignment)
+    summary = dict(reports[0].summary)
+    for key in _SUMMED:
+        summary[key] = sum(r.summary.get(key, 0) or 0 for r in reports)
+    low = sum((r.summary.get("fp16_gemm_flop_fraction", 1.0) or 0.0) * (r.summary.get("gemm_flops", 0) or 0)
+              for r in reports)
+    summary["fp16_gemm_flop_fraction"] = low / summary["gemm_flops"] if summary["gemm_flops"] else 1.0
+    mixed = summary["predicted_time_mixed_s"]
+    summary["predicted_speedup_vs_fp32"] = summary["predicted_time_fp32_s"] / mixed if mixed else 1.0
+    summary["predicted_speedup_vs_all_fp16"] = summary["predicted_time_all_fp16_s"] / mixed if mixed else 1.0
+    summary["dim_values"] = {k: v for r in reports for k, v in (r.summary.get("dim_values") or {}).items()}
+    summary["unknown_ops"] = sorted({u for r in reports for u in r.summary.get("unknown_ops", [])})
+    summary.update(capture=capture, graphs=len(reports), graph_sources=[r.source for r in reports])
+    return Report({**first, "source": source, "summary": summary, "ops": ops, "casts": casts,
+                   "passes": passes, "alignment": alignment})
+
+
+__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "describe_key", "merge_reports"]
