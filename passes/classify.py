@@ -71,14 +71,11 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
         return DENY, "deny: node named by the user (--deny-node)"
     if names & ctx.deny:
         return DENY, "deny: op type named by the user (--deny)"
-    if row is None:
-        if names & ctx.allow:  # without a row its port rules are unknown: it cannot change precision
-            return UNKNOWN, (f"unknown op {op.op_type}: named by --allow, but the registry does not know which of "
-                             f"its ports may change dtype, so it stays FP32 (add a registry row)")
-        domain = f"{op.domain}::" if op.domain else ""
-        return UNKNOWN, f"unknown op {domain}{op.op_type}: not in the registry, kept FP32"
     if names & ctx.allow:
         return ALLOW, "allow: op type named by the user (--allow)"
+    if row is None:
+        domain = f"{op.domain}::" if op.domain else ""
+        return UNKNOWN, f"unknown op {domain}{op.op_type}: not in the registry, kept FP32"
     for attr, values, why in row.deny_attrs:
         if op.attrs.get(attr) in values:
             return DENY, f"deny: {why}"

@@ -11,6 +11,7 @@ import amp_compiler  # noqa: E402
 from amp_compiler.fx_io.capture import export_graph  # noqa: E402
 from amp_compiler.fx_io.importer import import_graph_module  # noqa: E402
 from amp_compiler.plan import make_context, run_passes  # noqa: E402
+from amp_compiler.plan_report import build_report  # noqa: E402
 from benchmarks.torch_amp import rel_error  # noqa: E402
 
 nn, F = torch.nn, torch.nn.functional
@@ -36,7 +37,7 @@ class Attention(nn.Module):
 
 def _plan(gm):
     imp = import_graph_module(gm, source="attention")
-    return run_passes(imp.graph, make_context(), "attention", imp.dim_values)
+    return build_report(run_passes(imp.graph, make_context(), "attention", imp.dim_values))
 
 
 @pytest.mark.parametrize("kv_heads", [H, KV])

@@ -21,6 +21,7 @@ pytest.importorskip("transformers")
 
 import amp_compiler  # noqa: E402
 from amp_compiler.registry import DEFAULT_REGISTRY, DENY  # noqa: E402
+from amp_compiler.report import SCHEMA_VERSION  # noqa: E402
 from benchmarks.torch_amp import CI_BATCH, CI_SEQ, GEMM_OPS, TORCH_MODELS, build, count_casts, low_gemm_ops, rel_error  # noqa: E402
 
 CI_TARGET = "a100"
@@ -110,7 +111,7 @@ def test_report_names_are_module_path_and_aten_op():
     tokens = CI_BATCH * CI_SEQ
     assert query["flops"] == 2 * tokens * 128 * 128 + tokens * 128  # Gemm formula: bias is addmm's input 0
     # the same Report as the ONNX path: JSON, HTML and the text table
-    assert report.to_dict()["schema_version"] == "1.0"
+    assert report.to_dict()["schema_version"] == SCHEMA_VERSION
     assert '"fp16_gemm_flop_fraction"' in report.to_json()
     assert "<html" in report.to_html().lower()
     text = str(report)

@@ -17,6 +17,7 @@ import amp_compiler  # noqa: E402
 from amp_compiler.fx_io.capture import export_graph  # noqa: E402
 from amp_compiler.fx_io.importer import import_graph_module  # noqa: E402
 from amp_compiler.plan import make_context, run_passes  # noqa: E402
+from amp_compiler.plan_report import build_report  # noqa: E402
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY  # noqa: E402
 from tests.builders import fin, model, plan  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_tensor_core_aten_ops_are_known_allow(aten):
 def _report(module: nn.Module, *args, **options):
     gm = export_graph(module.eval(), args, None, source=type(module).__name__)
     imp = import_graph_module(gm, source="m")
-    return run_passes(imp.graph, make_context(**options), "m", imp.dim_values)
+    return build_report(run_passes(imp.graph, make_context(**options), "m", imp.dim_values))
 
 
 def _op(report, aten: str) -> dict:
@@ -125,8 +126,7 @@ class Special(nn.Module):
         return torch.i0(self.fc(x))
 
 
-def test_allowing_an_op_the_registry_does_not_know_says_why_it_stays_fp32():
-    compiled = amp_compiler.compile(Special().eval(), torch.randn(64, 256), allow=["i0"])
+def test_allowing_an_op_the_registry_does_not_know_plans_its_float_ports():
+    compiled = amp_compiler.compile(Special().eval(), torch.randn(64, 256), allow=["i0"], planner="all")
     i0 = _op(compiled.report, "i0")
-    assert i0["class"] == "unknown" and i0["precision"] != "float16" and "named by --allow" in i0["reason"] and "registry" in i0["reason"]
-    assert "no float data" not in i0["reason"]
+    assert i0["class"] == "allow" and i0["precision"] == "float16" and "no float data" not in i0["reason"]
