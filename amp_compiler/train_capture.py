@@ -101,22 +101,21 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
             grads = [a + g for a, g in zip(prev, grads)]
         if not variant.update:
             return (loss.detach(), *grads)
-        if setup.all_reduce is not None:
-            grads = setup.all_reduce(grads)
-        with ls.fp32_ops(fp32):
-            inv = 1.0 / scale
-        grads = [g * inv for g in grads]
-        overflow = ls.found_inf(grads) if config.mode != "none" else torch.zeros((), dtype=torch.bool)
-        if setup.max_grad_norm is not None:
-            grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
-        else:
-            norm = torch.zeros(())
-        out = update_fn([*(t.detach() for t in p), *grads, *st, *lrs])
-        new_p, new_st = ls.skip_if(overflow, out[:n_p], p), out[n_p:]
-        old = dict(zip(_state_names(variant.state_in), st))
-        new_st = [torch.where(overflow, old[k], v) if k in old else v
-                  for k, v in zip(_state_names(variant.state_out), new_st)]
-        with ls.fp32_ops(fp32):
+        with ls.fp32_ops(fp32):  # the optimizer's arithmetic that does not read a gradient (step counts,
+            # bias corrections, lr) is upstream of no unscale marker: it is denied low precision by name
+            if setup.all_reduce is not None:
+                grads = setup.all_reduce(grads)
+            grads = [g * (1.0 / scale) for g in grads]
+            overflow = ls.found_inf(grads) if config.mode != "none" else torch.zeros((), dtype=torch.bool)
+            if setup.max_grad_norm is not None:
+                grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
+            else:
+                norm = torch.zeros(())
+            out = update_fn([*(t.detach() for t in p), *grads, *st, *lrs])
+            new_p, new_st = ls.skip_if(overflow, out[:n_p], p), out[n_p:]
+            old = dict(zip(_state_names(variant.state_in), st))
+            new_st = [torch.where(overflow, old[k], v) if k in old else v
+                      for k, v in zip(_state_names(variant.state_out), new_st)]
             new_scale, new_tracker = ls.next_scale(config, scale, tracker, overflow)
         kept = grads if setup.keep_grads else []
         return (loss.detach(), *new_p, *new_st, new_scale, new_tracker, overflow, norm, *kept)
