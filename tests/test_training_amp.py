@@ -157,7 +157,9 @@ def test_gradients_below_fp16_subnormals_need_loss_scaling(planner):  # "all": t
 
     scaled = _mlp()
     step = _train_compiled(scaled, _adam(scaled), _tiny_loss, x, y, steps, planner=planner)
-    assert step.skipped_steps == 0
+    # "all" runs the loss in FP16 too: a first overflow at 2**16 is GradScaler's behaviour; the scale stays finite
+    assert step.skipped_steps == 0 if planner == "greedy" else step.skipped_steps <= 2
+    assert 1.0 <= step.scale <= 2.0 ** 16
 
     start = _full_loss(_mlp(), F.cross_entropy, x, y)
     fp32 = _full_loss(eager, F.cross_entropy, x, y)
