@@ -120,6 +120,8 @@ def _final_loss(model) -> float:
 
 
 def main() -> int:
+    import torch
+    torch.set_num_threads(1)  # a model this small runs fastest on one thread (and beside other jobs)
     start = _final_loss(_model())
     fp32, amp = _eager(False), _eager(True)
     compiled, step = _compiled()
