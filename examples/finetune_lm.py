@@ -17,11 +17,23 @@ from __future__ import annotations
 import sys
 import warnings
 
+import torch
+
 STEPS, ACCUM, MICRO = 200, 4, 10  # 200 micro-batches = 50 updates
 
 
-def _model():
-    import torch
+class Logits(torch.nn.Module):
+    """``ids -> logits`` (the step's loss function takes the model's output)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(input_ids=ids).logits
+
+
+def _model() -> Logits:
     import transformers
 
     torch.manual_seed(0)
@@ -30,29 +42,10 @@ def _model():
     lm = transformers.GPT2LMHeadModel(config)
     lm.transformer.wte.requires_grad_(False)  # frozen embeddings (tied to the LM head)
     lm.transformer.wpe.requires_grad_(False)
-    return _Logits(lm)
-
-
-class _Logits:
-    """``ids -> logits`` as a plain module (the step's loss function takes the model output)."""
-
-    def __new__(cls, lm):
-        import torch
-
-        class Logits(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lm = lm
-
-            def forward(self, ids):
-                return self.lm(input_ids=ids).logits
-
-        return Logits()
+    return Logits(lm)
 
 
 def _recipe(model):
-    import torch
-
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -61,13 +54,11 @@ def _recipe(model):
 
 
 def lm_loss(logits, ids):
-    import torch
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
 def _data():
     """36 sequences of 16 tokens, each counting up from a random start: learnable next tokens."""
-    import torch
     g = torch.Generator().manual_seed(0)
     start = torch.randint(0, 112, (36, 1), generator=g)
     ids = start + torch.arange(16)
@@ -75,7 +66,6 @@ def _data():
 
 
 def _eager(autocast: bool) -> float:
-    import torch
     model = _model()
     opt, sched = _recipe(model)
     scaler = torch.amp.GradScaler("cpu", enabled=autocast)
@@ -113,14 +103,12 @@ def _compiled() -> tuple[float, object]:
 
 
 def _final_loss(model) -> float:
-    import torch
     ids = torch.cat(_data())
     with torch.no_grad():
         return float(lm_loss(model(ids), ids))
 
 
 def main() -> int:
-    import torch
     torch.set_num_threads(1)  # a model this small runs fastest on one thread (and beside other jobs)
     start = _final_loss(_model())
     fp32, amp = _eager(False), _eager(True)

@@ -274,7 +274,7 @@ def test_every_op_after_an_unscale_marker_is_fp32(embedding_step):
             dtypes[n.name] = out.dtype if isinstance(out, torch.Tensor) else None
             return out
 
-    Recorder(gm).run(*step._flat_inputs((ids, target)))
+    Recorder(gm).run(*step._flat_inputs((ids, target), list(step._captures.values())[-1].variant))
     low = [name for name in after if dtypes.get(name) in (torch.float16, torch.bfloat16)]
     assert not low
 

@@ -137,3 +137,19 @@ def test_changing_batch_shapes_share_parameters_and_state_and_are_bounded():
     assert [c["batch_shapes"][0] for c in step.captures] == [(64, 16), (36, 16), (64, 16)]
     with pytest.raises(ConversionError, match="would be capture 4 of at most max_captures=3"):
         step(x[:10], y[:10])
+
+
+def test_a_step_planned_entirely_fp32_says_so_once():
+    model = _mlp()
+    x, y = _data()
+    with pytest.warns(UserWarning, match="the plan runs the whole step in FP32: on h100 the cost model") as record:
+        step = compile_training(model, F.cross_entropy, torch.optim.Adam(model.parameters()), (x, y))
+        step(x, y)
+        step(x, y)  # a second capture (the steady step, the optimizer state exists), no second warning
+    assert len(step.captures) == 2
+    assert sum("whole step in FP32" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        other = _mlp()
+        compile_training(other, F.cross_entropy, torch.optim.SGD(other.parameters(), lr=0.1), (x, y),
+                         planner="greedy")  # FP16 GEMMs: nothing to say
