@@ -59,7 +59,11 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
     assert captured[0].weight not in opt_c.state and captured[2].weight in opt_c.state
     graph = step.graph_module.graph
     assert sum("unscale_marker" in str(n.target) for n in graph.nodes) == 2  # gradients of layer 2 only
-    assert "0.weight" not in {c["tensor"] for c in step.report.casts}  # no master-weight cast
+    fp16 = _mlp(frozen_first=True)
+    step = _compile(fp16, torch.optim.AdamW(fp16.parameters(), lr=1e-2), (x, y), planner="greedy")
+    casts = {c["tensor"] for c in step.report.casts}
+    assert step.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    assert "2.weight" in casts and not {"0.weight", "0.bias"} & casts  # frozen: cast once when compiled, not per step
 
 
 def test_clipping_matches_unscale_then_clip_grad_norm_and_gradients_are_visible():
