@@ -53,8 +53,10 @@ def hyper_key(optimizer: torch.optim.Optimizer) -> tuple:
                  for g in optimizer.param_groups)
 
 
-def lr_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [torch.as_tensor(g["lr"], dtype=torch.float32).detach().clone().reshape(()) for g in optimizer.param_groups]
+def lr_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> list[torch.Tensor]:
+    """One 0-d FP32 tensor per param group, on the parameters' device."""
+    return [torch.as_tensor(g["lr"], dtype=torch.float32, device=device).detach().clone().reshape(())
+            for g in optimizer.param_groups]
 
 
 def _hashable(v: Any) -> Any:
@@ -125,7 +127,8 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
         return [*work, *(s[k] for s, keys in zip(new_states, layout.keys) for k in keys)]
 
     example = [*(p.detach() for p in params), *(torch.zeros_like(p) for p in params),
-               *(s[k] for s, keys in zip(states, layout_in.keys) for k in keys), *lr_tensors(optimizer)]
+               *(s[k] for s, keys in zip(states, layout_in.keys) for k in keys),
+               *lr_tensors(optimizer, params[0].device if params else None)]
     try:
         gm = make_fx(torch.func.functionalize(update, remove="mutations_and_views"), tracing_mode="fake")(example)
     except Exception as exc:

@@ -106,11 +106,11 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
             if setup.all_reduce is not None:
                 grads = setup.all_reduce(grads)
             grads = [g * (1.0 / scale) for g in grads]
-            overflow = ls.found_inf(grads) if config.mode != "none" else torch.zeros((), dtype=torch.bool)
+            overflow = ls.found_inf(grads) if config.mode != "none" else scale.new_zeros((), dtype=torch.bool)
             if setup.max_grad_norm is not None:
                 grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
             else:
-                norm = torch.zeros(())
+                norm = scale.new_zeros(())
             out = update_fn([*(t.detach() for t in p), *grads, *st, *lrs])
             new_p, new_st = ls.skip_if(overflow, out[:n_p], p), out[n_p:]
             old = dict(zip(_state_names(variant.state_in), st))
@@ -122,7 +122,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
 
     example = [*trainable, *(params[n] for n in setup.frozen), *(buffers[n] for n in setup.buffers),
                *(s[k] for s, keys in zip(states, variant.state_in.keys) for k in keys),
-               *fopt.lr_tensors(setup.optimizer), scale, tracker, *(acc if variant.has_acc else []), *batch]
+               *fopt.lr_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
     example = [t.detach() for t in example]
     try:
         return make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta

@@ -43,9 +43,10 @@ class TrainStep:
         self._spec = [(t.dim(), t.dtype) for t in example_batch]
         self._params = dict(self.model.named_parameters())
         self._buffers = dict(self.model.named_buffers())
-        self._scale = torch.tensor(self.config.init_scale, dtype=torch.float32)
-        self._tracker = torch.zeros((), dtype=torch.float32)
-        self._skipped = torch.zeros((), dtype=torch.int64)
+        self._device = next(iter(self._params.values())).device if self._params else None
+        self._scale = torch.tensor(self.config.init_scale, dtype=torch.float32, device=self._device)
+        self._tracker = torch.zeros((), dtype=torch.float32, device=self._device)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=self._device)
         self._acc: list[torch.Tensor] = []
         self._micro = 0  # micro-batches accumulated since the last update
         self._captures: dict[tuple, _Capture] = {}
@@ -104,7 +105,7 @@ class TrainStep:
                 *(self._params[n].detach() for n in self.setup.frozen),
                 *(self._buffers[n] for n in self.setup.buffers),
                 *(s[k] for s, keys in zip(states, v.state_in.keys) for k in keys),
-                *fopt.lr_tensors(self.optimizer), self._scale, self._tracker,
+                *fopt.lr_tensors(self.optimizer, self._device), self._scale, self._tracker,
                 *(self._acc if v.has_acc else []), *batch]
 
     # -- captures -------------------------------------------------------------------------------

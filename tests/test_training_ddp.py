@@ -54,7 +54,8 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
             step(x, y)
         queue.put((rank, [p.detach().tolist() for p in mixed.parameters()],
                    [p.detach().tolist() for p in eager.parameters()], step.skipped_steps,
-                   step.report.summary["fp16_gemm_flop_fraction"]))
+                   step.report.summary["fp16_gemm_flop_fraction"],
+                   sum("all_reduce" in str(n.target) for n in step.graph_module.graph.nodes)))
     finally:
         dist.destroy_process_group()
 
@@ -74,8 +75,9 @@ def test_ddp_two_ranks_identical_parameters_close_to_eager_data_parallel_fp32():
             p.join(30)
             if p.is_alive():
                 p.kill()
-    (_, mixed0, eager0, skipped0, fp16_0), (_, mixed1, _, skipped1, _) = results
+    (_, mixed0, eager0, skipped0, fp16_0, reduces), (_, mixed1, _, skipped1, _, _) = results
     assert fp16_0 == 1.0 and skipped0 == skipped1 == 0
+    assert reduces == len(mixed0)  # one all-reduce per gradient, inside the captured step
     assert mixed0 == mixed1  # every rank applied the same update, bit for bit
     start = [p.detach() for p in _mlp().parameters()]
     for m, e, s in zip(mixed0, eager0, start):
