@@ -14,6 +14,7 @@ with ``keep_grads``, the unscaled gradients (updating variant).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -152,7 +153,8 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     params, _ = setup.tensors()
     weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
                for i, name in enumerate(setup.trainable + setup.frozen)}
-    imp = import_graph_module(gm, source=source, training=True, weights=weights, low_dtype=low)
+    kw = {"low_dtype": low} if "low_dtype" in inspect.signature(import_graph_module).parameters else {}
+    imp = import_graph_module(gm, source=source, training=True, weights=weights, **kw)
     for op in imp.graph.ops.values():
         if op.canonical == "unscale_marker":
             for out in op.outputs:
@@ -160,6 +162,16 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     ir_of = {node.name: op for op, node in imp.nodes.items()}
     deny_nodes = set(opts.pop("deny_nodes", ())) | {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
     ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
-    report = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp)
-    return report, {op: node.name for op, node in imp.nodes.items()}
+    result = run_passes(imp.graph, ctx, source, imp.dim_values)
+    return _emit_and_report(imp, result, emit), {op: node.name for op, node in imp.nodes.items()}
+
+
+def _emit_and_report(imp, result, emit):
+    """Rewrite the GraphModule; the report. ``run_passes`` returns a Report on this branch and a
+    ``PlanResult`` (emit it, then build the report) once issue 13's core API is merged."""
+    if hasattr(result, "summary"):  # a Report
+        emit(imp)
+        return result
+    from .plan_report import build_report
+    emit(imp, result)
+    return build_report(result)
