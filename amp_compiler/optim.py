@@ -195,6 +195,8 @@ def _tensor_form(graph: torch.fx.Graph, user: torch.fx.Node, sync: torch.fx.Node
         inner = _aten.div.Tensor if target is _aten.addcdiv.default else _aten.mul.Tensor
         term = call(_aten.mul.Tensor, (call(inner, (args[1], args[2])), t))
         return call(_aten.add.Tensor, (args[0], term))
+    if target is _aten.full_like.default and args[1] is sync:  # Rprop's initial step sizes
+        return call(_aten.mul.Tensor, (call(_aten.ones_like.default, (args[0],), kwargs), t))
     if target in (_aten.mul.Tensor, _aten.div.Tensor, _aten.add.Tensor, _aten.sub.Tensor) and sync in args:
         return call(target, tuple(t if a is sync else a for a in args), kwargs)
     raise ConversionError("compile_training", f"optimizer step ({target})", "reads a tensor as a Python number")

@@ -58,6 +58,8 @@ OPTIMIZERS = {
     "adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
     "nadam": lambda p: torch.optim.NAdam(p, lr=1e-2),
     "radam": lambda p: torch.optim.RAdam(p, lr=1e-2, decoupled_weight_decay=True, weight_decay=1e-2),
+    "asgd": lambda p: torch.optim.ASGD(p, lr=1e-2, t0=2),
+    "rprop": lambda p: torch.optim.Rprop(p, lr=1e-2),  # its lr fills a tensor (full_like), rewritten too
 }
 
 
@@ -201,6 +203,8 @@ def test_unsupported_optimizer_is_a_clear_error_up_front():
     with pytest.raises(ConversionError, match="optimizer LBFGS: not supported: it needs a closure"):
         _fp32_step(model, lbfgs)
     assert not lbfgs.state
+    with pytest.raises(ConversionError, match="optimizer SparseAdam: not supported: it needs sparse gradients"):
+        _fp32_step(model, torch.optim.SparseAdam(model.parameters()))
 
 
 def test_non_scalar_loss_is_a_clear_error_before_any_state_changes():
