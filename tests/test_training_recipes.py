@@ -157,3 +157,30 @@ def test_a_step_planned_entirely_fp32_says_so_once():
         other = _mlp()
         compile_training(other, F.cross_entropy, torch.optim.SGD(other.parameters(), lr=0.1), (x, y),
                          planner="greedy")  # FP16 GEMMs: nothing to say
+
+
+class _Pool(torch.nn.Module):
+    """Tokens -> mean embedding -> logits: any sequence length."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(32, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids).mean(1))
+
+
+def test_variable_sequence_length_matches_eager():
+    eager, captured = _Pool(), _Pool()
+    opt_e, opt_c = torch.optim.SGD(eager.parameters(), lr=0.5), torch.optim.SGD(captured.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 32, (8, n), generator=g), torch.randint(0, 4, (8,), generator=g)) for n in (12, 7, 12)]
+    step = _compile(captured, opt_c, batches[0])
+    for ids, y in batches:
+        opt_e.zero_grad()
+        F.cross_entropy(eager(ids), y).backward()
+        opt_e.step()
+        step(ids, y)
+    _close(eager, captured)
+    assert sorted({c["batch_shapes"][0] for c in step.captures}) == [(8, 7), (8, 12)]
