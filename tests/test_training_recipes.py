@@ -15,6 +15,9 @@ torch = pytest.importorskip("torch")
 from amp_compiler.errors import ConversionError  # noqa: E402
 from amp_compiler.training import compile_training  # noqa: E402
 
+from .test_training import _assert_same_params as _close  # noqa: E402
+from .test_training import _eager_step  # noqa: E402
+
 F = torch.nn.functional
 
 
@@ -37,11 +40,6 @@ def _compile(model, opt, batch, **kw):
         return compile_training(model, F.cross_entropy, opt, batch, **kw)
 
 
-def _close(a, b, rtol=1e-5, atol=1e-6):
-    for p, q in zip(a.parameters(), b.parameters()):
-        torch.testing.assert_close(q.detach(), p.detach(), rtol=rtol, atol=atol)
-
-
 def test_frozen_parameters_get_no_gradient_state_or_update():
     eager, captured = _mlp(frozen_first=True), _mlp(frozen_first=True)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)  # frozen ones in the optimizer too, as users do
@@ -50,9 +48,7 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
     step = _compile(captured, opt_c, (x, y))
     frozen = captured[0].weight.detach().clone()
     for _ in range(3):
-        opt_e.zero_grad()
-        F.cross_entropy(eager(x), y).backward()
-        opt_e.step()
+        _eager_step(eager, opt_e, x, y)
         step(x, y)
     _close(eager, captured)
     assert torch.equal(captured[0].weight, frozen)
@@ -132,9 +128,7 @@ def test_changing_batch_shapes_share_parameters_and_state_and_are_bounded():
     step = _compile(captured, opt_c, batches[0], max_captures=3)
     with pytest.warns(UserWarning, match=r"capturing step variant 2 \(batch shapes \[\(36, 16\), \(36,\)\]"):
         for xb, yb in batches:
-            opt_e.zero_grad()
-            F.cross_entropy(eager(xb), yb).backward()
-            opt_e.step()
+            _eager_step(eager, opt_e, xb, yb)
             step(xb, yb)
     _close(eager, captured)
     # the first step creates the optimizer state; then one steady variant per shape
@@ -178,9 +172,7 @@ def test_variable_sequence_length_matches_eager():
     batches = [(torch.randint(0, 32, (8, n), generator=g), torch.randint(0, 4, (8,), generator=g)) for n in (12, 7, 12)]
     step = _compile(captured, opt_c, batches[0])
     for ids, y in batches:
-        opt_e.zero_grad()
-        F.cross_entropy(eager(ids), y).backward()
-        opt_e.step()
+        _eager_step(eager, opt_e, ids, y)
         step(ids, y)
     _close(eager, captured)
     assert sorted({c["batch_shapes"][0] for c in step.captures}) == [(8, 7), (8, 12)]
