@@ -1,10 +1,15 @@
 """Automatic loss scaling, written as tensor ops so it traces into the step graph.
 
 * the backward seed is the loss times ``scale``;
-* every gradient is multiplied by ``1/scale`` and passed through ``unscale_marker`` —
-  an identity op the importer turns into the IR's unscale marker, where FP16
-  propagation stops (the optimizer and master weights stay FP32);
-* ``found_inf`` is one boolean tensor over all gradients;
+* every (scaled) gradient passes through ``unscale_marker`` — an identity op the importer
+  turns into the IR's unscale marker, where FP16 propagation stops — and is then multiplied
+  by ``1/scale``: unscaling, accumulation, clipping and the optimizer run in FP32 (as
+  ``GradScaler.unscale_`` on FP32 ``.grad`` does);
+* ``found_inf`` is one boolean tensor over all gradients; ``clip_grad_norm`` is
+  ``torch.nn.utils.clip_grad_norm_`` on the unscaled gradients, norm in FP32;
+* the seed ``loss * scale`` and the scale's own arithmetic are recorded by ``fp32_ops`` and
+  denied low precision by name, so the scale (2**16 is not an FP16 number) is FP32 under
+  every planner;
 * the parameter and optimizer-state update is skipped branch-free with ``torch.where``;
 * the dynamic scale grows by ``growth_factor`` after ``growth_interval`` clean steps and
   shrinks by ``backoff_factor`` on overflow — no ``.item()``, no host synchronisation.
@@ -12,9 +17,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from .errors import ConversionError
 
@@ -72,3 +79,28 @@ def next_scale(config: LossScaleConfig, scale: torch.Tensor, tracker: torch.Tens
                             torch.where(grow, scale * config.growth_factor, scale))
     new_tracker = torch.where(overflow | grow, torch.zeros_like(tracker), grown)
     return new_scale, new_tracker
+
+
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(clipped gradients, total 2-norm): ``clip_grad_norm_``'s arithmetic, branch-free, in FP32.
+
+    An inf/NaN gradient gives an inf/NaN norm; that step is skipped by ``found_inf`` anyway.
+    """
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return [g * coef for g in grads], norm
+
+
+@contextlib.contextmanager
+def fp32_ops(names: set[str]):
+    """Add to ``names`` every node traced inside the block (make_fx only): the planner denies them."""
+    mode = get_proxy_mode()
+    if mode is None:
+        yield
+        return
+    graph = mode.tracer.graph
+    before = set(graph.nodes)
+    try:
+        yield
+    finally:
+        names.update(n.name for n in graph.nodes if n not in before and n.op == "call_function")

@@ -1,100 +1,207 @@
-"""Functional versions of torch's SGD, Adam and AdamW, traceable into one step graph.
+"""The user's own ``torch.optim`` update, traced once into a pure graph (docs/architecture.md, "Training").
 
-Each optimizer reads its hyper-parameters from the user's ``torch.optim`` object at
-every step (so a changed learning rate takes effect) and passes them into the graph as
-tensors, so the captured graph never changes after step 0. State (momentum buffers,
-moments, step counts) is created up front with fixed shapes; the first-step special
-cases of torch's implementations are expressed with ``torch.where`` on the step count.
-The update formulas follow torch's single-tensor implementations with default flags.
+Rather than re-implementing each optimizer, ``trace_update`` runs the optimizer's own
+``step()`` over working copies of the parameters and of its state, with ``foreach``/``fused``
+off (one op per tensor, which the planner and the emitter read) and ``capturable`` on where
+the optimizer has it (step counts stay tensors), under ``torch.compiler``'s compiling flag
+(so ``_get_value`` keeps tensors instead of calling ``.item()``). ``make_fx(functionalize(...))``
+turns its in-place updates into a pure graph. Each group's learning rate is a graph input
+(a 0-d FP32 tensor, so schedulers never force a re-capture); where an optimizer uses it as
+a Python scalar (``alpha=-lr``) the traced ``_local_scalar_dense`` is rewritten into tensor
+arithmetic, so the graph never synchronises with the host. Every other hyper-parameter is a
+constant of the graph and part of the capture key (training.py re-captures when one changes).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from .errors import ConversionError
 
-
-@dataclass(frozen=True)
-class FunctionalOptimizer:
-    kind: str  # "sgd" | "adam" | "adamw"
-    hyper_names: tuple[str, ...]
-    state_names: tuple[str, ...]
-
-
-_SGD = FunctionalOptimizer("sgd", ("lr", "momentum", "dampening", "weight_decay"), ("momentum_buffer",))
-_ADAM = FunctionalOptimizer("adam", ("lr", "beta1", "beta2", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq"))
-_ADAMW = FunctionalOptimizer("adamw", ("lr", "beta1", "beta2", "eps", "weight_decay"), ("exp_avg", "exp_avg_sq"))
+#: optimizers that cannot be one graph: LBFGS re-evaluates the loss through a closure,
+#: SparseAdam needs sparse gradients
+UNSUPPORTED = {"LBFGS": "needs a closure that re-evaluates the loss several times per step",
+               "SparseAdam": "needs sparse gradients, the step's gradients are dense"}
+_FORCED = {"foreach": False, "fused": False}
+_VOLATILE = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
 
 
-def describe(optimizer: torch.optim.Optimizer) -> FunctionalOptimizer:
-    """The functional form of ``optimizer``; unsupported optimizers or flags raise ConversionError."""
+def check(optimizer: Any) -> None:
+    """Refuse, before anything is captured or changed, an optimizer the step cannot trace."""
     name = type(optimizer).__name__
-    kinds = {"SGD": _SGD, "Adam": _ADAM, "AdamW": _ADAMW}
-    if name not in kinds:
-        raise ConversionError("compile_training", f"optimizer {name}",
-                              "not supported; use torch.optim.SGD, Adam or AdamW")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConversionError("compile_training", f"optimizer {name}", "is not a torch.optim.Optimizer")
+    if name in UNSUPPORTED:
+        raise ConversionError("compile_training", f"optimizer {name}", f"not supported: it {UNSUPPORTED[name]}")
     for group in optimizer.param_groups:
-        for flag in ("nesterov", "amsgrad", "maximize", "capturable", "differentiable"):
-            if group.get(flag):
-                raise ConversionError("compile_training", f"optimizer {name}", f"{flag}=True is not supported")
-        if callable(group.get("lr")) or isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad:
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.requires_grad or not isinstance(lr, (int, float, torch.Tensor)):
             raise ConversionError("compile_training", f"optimizer {name}", "lr must be a number")
-    return kinds[name]
+        if any(torch.is_complex(p) for p in group["params"]):
+            raise ConversionError("compile_training", f"optimizer {name}", "complex parameters are not supported")
 
 
-def hyper_tensors(opt: FunctionalOptimizer, optimizer: torch.optim.Optimizer,
-                  group_of: list[int]) -> dict[str, torch.Tensor]:
-    """Per-parameter hyper-parameters (one value per parameter, from its group) as float32 tensors."""
-    out = {}
-    for name in opt.hyper_names:
-        values = []
-        for g in group_of:
-            group = optimizer.param_groups[g]
-            if name in ("beta1", "beta2"):
-                values.append(float(group["betas"][0 if name == "beta1" else 1]))
-            else:
-                values.append(float(group.get(name, 0.0)))
-        out[name] = torch.tensor(values, dtype=torch.float32)
-    return out
+def hyper_key(optimizer: torch.optim.Optimizer) -> tuple:
+    """The hyper-parameters baked into the graph as constants (everything but lr and the flags)."""
+    return tuple(tuple((k, _hashable(v)) for k, v in sorted(g.items()) if k not in _VOLATILE)
+                 for g in optimizer.param_groups)
 
 
-def init_state(opt: FunctionalOptimizer, params: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-    state = {name: [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
-             for name in opt.state_names}
-    state["step"] = [torch.zeros((), dtype=torch.float32) for _ in params]
-    return state
+def lr_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> list[torch.Tensor]:
+    """One 0-d FP32 tensor per param group, on the parameters' device."""
+    return [torch.as_tensor(g["lr"], dtype=torch.float32, device=device).detach().clone().reshape(())
+            for g in optimizer.param_groups]
 
 
-def update(opt: FunctionalOptimizer, params: list[torch.Tensor], grads: list[torch.Tensor],
-           state: dict[str, list[torch.Tensor]], hyper: dict[str, torch.Tensor]):
-    """New parameters and new state (pure: nothing is modified in place)."""
-    new_params, new_state = [], {k: [] for k in state}
-    for i, (p, g) in enumerate(zip(params, grads)):
-        h = {k: v[i] for k, v in hyper.items()}
-        step = state["step"][i] + 1
-        if opt.kind == "sgd":
-            d_p = g + h["weight_decay"] * p
-            buf = state["momentum_buffer"][i]
-            buf = torch.where(step == 1, d_p, h["momentum"] * buf + (1 - h["dampening"]) * d_p)
-            d_p = torch.where(h["momentum"] != 0, buf, d_p)
-            new_p = p - h["lr"] * d_p
-            new_state["momentum_buffer"].append(buf)
-        else:
-            if opt.kind == "adamw":
-                p = p * (1 - h["lr"] * h["weight_decay"])
-            else:
-                g = g + h["weight_decay"] * p
-            m = state["exp_avg"][i] * h["beta1"] + g * (1 - h["beta1"])
-            v = state["exp_avg_sq"][i] * h["beta2"] + g * g * (1 - h["beta2"])
-            bias1 = 1 - h["beta1"] ** step
-            bias2 = 1 - h["beta2"] ** step
-            denom = v.sqrt() / bias2.sqrt() + h["eps"]
-            new_p = p - (h["lr"] / bias1) * m / denom
-            new_state["exp_avg"].append(m)
-            new_state["exp_avg_sq"].append(v)
-        new_params.append(new_p)
-        new_state["step"].append(step)
-    return new_params, new_state
+def _hashable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.flatten().tolist()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+@dataclass
+class StateLayout:
+    """Which optimizer-state entries are tensors (graph inputs/outputs) and which are constants."""
+
+    keys: list[list[str]]  # per parameter, its tensor-valued state keys, in order
+    constants: list[dict[str, Any]]  # per parameter, its non-tensor state entries
+
+    def signature(self) -> tuple:
+        return tuple(tuple(k) for k in self.keys), tuple(tuple(sorted((k, _hashable(v)) for k, v in c.items()))
+                                                          for c in self.constants)
+
+
+def state_layout(states: list[dict[str, Any]]) -> StateLayout:
+    keys = [[k for k, v in sorted(s.items()) if isinstance(v, torch.Tensor)] for s in states]
+    consts = [{k: v for k, v in s.items() if not isinstance(v, torch.Tensor)} for s in states]
+    return StateLayout(keys, consts)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """``torch.compiler.is_compiling()`` is True: optimizers keep step counts as tensors."""
+    import torch.compiler as tc
+    old = getattr(tc, "_is_compiling_flag", False)
+    tc._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        tc._is_compiling_flag = old
+
+
+def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], states: list[dict[str, Any]],
+                 group_sizes: list[int]) -> tuple[torch.fx.GraphModule, StateLayout]:
+    """A pure graph ``(params, grads, state tensors, lrs) -> (new params, new state tensors)``.
+
+    ``params`` are the trainable parameters in param-group order (``group_sizes`` per group),
+    ``states`` their current optimizer state (empty dicts before the first step: the graph
+    then creates the state, as the optimizer's first ``step()`` would).
+    """
+    layout_in = state_layout(states)
+    out_layout: list[StateLayout] = []
+
+    def update(flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        n = len(params)
+        ps, gs = flat[:n], flat[n:2 * n]
+        pos, cur = 2 * n, []
+        for keys, consts in zip(layout_in.keys, layout_in.constants):
+            cur.append({**{k: flat[pos + i] for i, k in enumerate(keys)}, **consts})
+            pos += len(keys)
+        lrs = flat[pos:]
+        work = [p.clone() for p in ps]
+        for w, g in zip(work, gs):
+            w.grad = g
+        with _swapped(optimizer, work, cur, lrs, group_sizes), _compiling():
+            optimizer.step()
+            new_states = [dict(optimizer.state[w]) for w in work]
+        layout = state_layout(new_states)
+        out_layout.append(layout)
+        return [*work, *(s[k] for s, keys in zip(new_states, layout.keys) for k in keys)]
+
+    example = [*(p.detach() for p in params), *(torch.zeros_like(p) for p in params),
+               *(s[k] for s, keys in zip(states, layout_in.keys) for k in keys),
+               *lr_tensors(optimizer, params[0].device if params else None)]
+    try:
+        gm = make_fx(torch.func.functionalize(update, remove="mutations_and_views"), tracing_mode="fake")(example)
+    except Exception as exc:
+        raise ConversionError("compile_training", f"optimizer {type(optimizer).__name__}",
+                              f"its step() could not be traced: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    _scalars_to_tensors(gm)
+    return gm, out_layout[-1]
+
+
+@contextlib.contextmanager
+def _swapped(optimizer, work, states, lrs, group_sizes):
+    """The optimizer steps ``work`` (with ``states`` and tensor ``lrs``); everything is restored after."""
+    saved_groups = [dict(g) for g in optimizer.param_groups]
+    saved_state = optimizer.state
+    optimizer.state = collections.defaultdict(dict)
+    start = 0
+    for group, size, lr in zip(optimizer.param_groups, group_sizes, lrs):
+        group["params"] = work[start:start + size]
+        group["lr"] = lr
+        group.update({k: v for k, v in _FORCED.items() if k in group})
+        if "capturable" in group:
+            group["capturable"] = True
+        start += size
+    for w, s in zip(work, states):
+        optimizer.state[w] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+    try:
+        yield
+    finally:
+        optimizer.state = saved_state
+        for group, saved in zip(optimizer.param_groups, saved_groups):
+            group.clear()
+            group.update(saved)
+
+
+# -- no host synchronisation ----------------------------------------------------------------------
+
+_aten = torch.ops.aten
+
+
+def _scalars_to_tensors(gm: torch.fx.GraphModule) -> None:
+    """Rewrite ``op(..., alpha/value=_local_scalar_dense(t))`` into tensor arithmetic on ``t``."""
+    graph = gm.graph
+    for sync in [n for n in graph.nodes if n.target is _aten._local_scalar_dense.default]:
+        t = sync.args[0]
+        for user in list(sync.users):
+            with graph.inserting_before(user):
+                user.replace_all_uses_with(_tensor_form(graph, user, sync, t))
+            graph.erase_node(user)
+        if sync.users:
+            raise ConversionError("compile_training", "optimizer step", "reads a tensor as a Python number")
+        graph.erase_node(sync)
+    graph.lint()
+    gm.recompile()
+
+
+def _tensor_form(graph: torch.fx.Graph, user: torch.fx.Node, sync: torch.fx.Node, t: torch.fx.Node):
+    call = graph.call_function
+    args, kwargs = list(user.args), dict(user.kwargs)
+    target = user.target
+    if target in (_aten.add.Tensor, _aten.sub.Tensor) and kwargs.get("alpha") is sync:
+        other = call(_aten.mul.Tensor, (args[1], t))
+        return call(target, (args[0], other))
+    if target in (_aten.addcdiv.default, _aten.addcmul.default) and kwargs.get("value") is sync:
+        inner = _aten.div.Tensor if target is _aten.addcdiv.default else _aten.mul.Tensor
+        term = call(_aten.mul.Tensor, (call(inner, (args[1], args[2])), t))
+        return call(_aten.add.Tensor, (args[0], term))
+    if target is _aten.full_like.default and args[1] is sync:  # Rprop's initial step sizes
+        return call(_aten.mul.Tensor, (call(_aten.ones_like.default, (args[0],), kwargs), t))
+    if target in (_aten.mul.Tensor, _aten.div.Tensor, _aten.add.Tensor, _aten.sub.Tensor) and sync in args:
+        return call(target, tuple(t if a is sync else a for a in args), kwargs)
+    raise ConversionError("compile_training", f"optimizer step ({target})", "reads a tensor as a Python number")
+
+
+def graph_callable(gm: torch.fx.GraphModule) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """Call the traced update inside another trace (its ops are replayed, i.e. inlined)."""
+    return lambda flat: list(gm(flat))

@@ -1,78 +1,175 @@
-"""``compile_training``: forward, backward and optimizer captured as one graph, in mixed precision.
+"""``compile_training``: forward, backward and optimizer captured as graphs, in mixed precision.
 
-The step is written functionally — ``functional_call`` for the forward, ``autograd.grad``
-for the backward (seeded with the scaled loss), the functional optimizer for the update,
-loss scaling as tensor ops — and traced once with ``make_fx``. Every input that changes
-between steps (parameters, optimizer state, scaler state, hyper-parameters, the batch) is
-a graph input, so the graph never changes after step 0. The shared passes then plan the
-whole step: forward and backward GEMMs go FP16, and propagation stops at the
-``unscale_marker`` on each gradient, so the optimizer and master weights stay FP32.
+``TrainStep`` keeps one captured, planned variant of the step per key (train_capture.py): batch
+shapes, update or accumulate-only, the optimizer's state layout and baked hyper-parameters,
+the model's mode. Parameters, optimizer state (kept in ``optimizer.state``, so the user's
+``state_dict``/``load_state_dict`` work), scaler state and accumulated gradients are shared
+by every variant; the number of variants is bounded by ``max_captures``. The shared passes
+plan each graph: forward and backward GEMMs may go FP16, FP16 stops at the ``unscale_marker``
+on each gradient (optimizer and master weights stay FP32), and the loss-scale arithmetic is
+denied low precision by name (docs/architecture.md, "Training").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
+from .train_capture import Setup, Variant, plan_variant, trace_variant
 
 
 @dataclass
-class _StepLayout:
-    """How the flat graph inputs/outputs map to parameters, state and the batch."""
-
-    param_names: list[str]
-    buffer_names: list[str]
-    state_keys: list[str]
-    hyper_keys: list[str]
-    n_batch: int
-    group_of: list[int] = field(default_factory=list)
+class _Capture:
+    runner: Callable
+    variant: Variant
+    graph_module: torch.fx.GraphModule
+    report: Any
+    report_nodes: dict[str, str]
 
 
 class TrainStep:
-    """``loss = step(*batch)``: one mixed-precision training step, parameters written back."""
+    """``loss = step(*batch)``: one micro-batch; every ``accumulation_steps``-th call updates."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, graph: Callable,
-                 layout: _StepLayout, opt: fopt.FunctionalOptimizer, config: ls.LossScaleConfig,
-                 opt_state: dict[str, list[torch.Tensor]], report: Any = None) -> None:
-        self.model, self.optimizer, self.graph, self.layout = model, optimizer, graph, layout
-        self.opt, self.config, self.report = opt, config, report
-        #: the rewritten step graph, and the name of its node behind each report row
-        self.graph_module: torch.fx.GraphModule | None = graph if isinstance(graph, torch.fx.GraphModule) else None
+    def __init__(self, setup: Setup, example_batch: tuple, plan_options: dict[str, Any],
+                 backend: str | None = None, max_captures: int = 8) -> None:
+        self.setup, self.plan_options, self.backend, self.max_captures = setup, plan_options, backend, max_captures
+        self.model, self.optimizer, self.config = setup.model, setup.optimizer, setup.config
+        self._spec = [(t.dim(), t.dtype) for t in example_batch]
+        self._params = dict(self.model.named_parameters())
+        self._buffers = dict(self.model.named_buffers())
+        self._device = next(iter(self._params.values())).device if self._params else None
+        self._scale = torch.tensor(self.config.init_scale, dtype=torch.float32, device=self._device)
+        self._tracker = torch.zeros((), dtype=torch.float32, device=self._device)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=self._device)
+        self._acc: list[torch.Tensor] = []
+        self._micro = 0  # micro-batches accumulated since the last update
+        self._captures: dict[tuple, _Capture] = {}
+        self._warned_fp32 = False
+        self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
+        self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
-        self._params = dict(model.named_parameters())
-        self._buffers = dict(model.named_buffers())
-        self._opt_state = opt_state
-        self._scale = torch.tensor(config.init_scale, dtype=torch.float32)
-        self._tracker = torch.zeros((), dtype=torch.float32)
-        self._skipped = torch.zeros((), dtype=torch.int64)
+        self._select(tuple(example_batch))
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
-        if len(batch) != self.layout.n_batch:
-            raise TypeError(f"the step takes {self.layout.n_batch} batch tensors, got {len(batch)}")
-        flat = self._flat_inputs(batch)
-        loss, new_params, new_state, scale, tracker, overflow = _unflatten(self.graph(*flat), self.layout)
-        with torch.no_grad():
-            for name, value in zip(self.layout.param_names, new_params):
-                self._params[name].copy_(value)
-        self._opt_state = dict(zip(self.layout.state_keys, new_state))
-        self._scale, self._tracker = scale, tracker
-        self._skipped = self._skipped + overflow.to(torch.int64)
+        self._check_batch(batch)
+        cap = self._select(batch)
+        v = cap.variant
+        flat = self._flat_inputs(batch, v)
+        outputs = list(cap.runner(*flat))
+        loss = outputs[0]
+        if not v.update:
+            self._acc, self._micro = outputs[1:], self._micro + 1
+            return loss
+        self._apply(outputs[1:], v)
+        self._acc, self._micro = [], 0
         return loss
 
-    def _flat_inputs(self, batch) -> list[torch.Tensor]:
-        hyper = fopt.hyper_tensors(self.opt, self.optimizer, self.layout.group_of)
-        return [*(self._params[n].detach() for n in self.layout.param_names),
-                *(self._buffers[n] for n in self.layout.buffer_names),
-                *(t for k in self.layout.state_keys for t in self._opt_state[k]),
-                *(hyper[k] for k in self.layout.hyper_keys),
-                self._scale, self._tracker, *batch]
+    def _apply(self, outputs: list[torch.Tensor], v: Variant) -> None:
+        n_p = len(self.setup.trainable)
+        n_s = sum(len(k) for k in v.state_out.keys)
+        new_p, new_s = outputs[:n_p], outputs[n_p:n_p + n_s]
+        scale, tracker, overflow, norm = outputs[n_p + n_s:n_p + n_s + 4]
+        grads = outputs[n_p + n_s + 4:]
+        with torch.no_grad():
+            for name, value in zip(self.setup.trainable, new_p):
+                self._params[name].copy_(value)
+        created = v.state_out.signature() != v.state_in.signature()
+        if not created or not bool(overflow):  # a skipped first step leaves the state uncreated
+            self._store_state(v.state_out, new_s)
+        self._scale, self._tracker, self.grad_norm = scale, tracker, norm
+        self._skipped = self._skipped + overflow.to(torch.int64)
+        for name, g in zip(self.setup.trainable, grads):
+            self._params[name].grad = g
+        self.optimizer._opt_called = True  # schedulers: optimizer.step() did run  # noqa: SLF001
+
+    def _store_state(self, layout: fopt.StateLayout, tensors: list[torch.Tensor]) -> None:
+        it = iter(tensors)
+        for name, keys, consts in zip(self.setup.trainable, layout.keys, layout.constants):
+            state = self.optimizer.state[self._params[name]]
+            state.update(consts)
+            state.update({k: next(it) for k in keys})
+
+    def _states(self) -> list[dict[str, Any]]:
+        return [dict(self.optimizer.state.get(self._params[n], {})) for n in self.setup.trainable]
+
+    def _flat_inputs(self, batch, v: Variant) -> list[torch.Tensor]:
+        states = self._states()
+        return [*(self._params[n].detach() for n in self.setup.trainable),
+                *(self._params[n].detach() for n in self.setup.frozen),
+                *(self._buffers[n] for n in self.setup.buffers),
+                *(s[k] for s, keys in zip(states, v.state_in.keys) for k in keys),
+                *fopt.lr_tensors(self.optimizer, self._device), self._scale, self._tracker,
+                *(self._acc if v.has_acc else []), *batch]
+
+    # -- captures -------------------------------------------------------------------------------
+    def _check_batch(self, batch: tuple) -> None:
+        """A batch unlike the example is refused before anything runs or changes."""
+        if len(batch) != len(self._spec):
+            raise ValueError(f"compile_training: the step takes {len(self._spec)} batch tensors "
+                             f"(like the example batch), got {len(batch)}")
+        for i, (t, (dim, dtype)) in enumerate(zip(batch, self._spec)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"compile_training: batch item {i} is a {type(t).__name__}, the example's is a tensor")
+            if t.dim() != dim or t.dtype != dtype:
+                raise ValueError(f"compile_training: batch item {i} is {t.dtype} with {t.dim()} dims, "
+                                 f"the example's is {dtype} with {dim} dims")
+
+    def _select(self, batch: tuple) -> _Capture:
+        n_acc = self.setup.accumulation_steps
+        update = self._micro + 1 >= n_acc
+        has_acc = self._micro > 0
+        states = self._states() if update else []
+        key = (update, has_acc, tuple((tuple(t.shape), t.dtype) for t in batch),
+               fopt.state_layout(states).signature() if update else None,
+               fopt.hyper_key(self.optimizer) if update else None, self.model.training,
+               tuple(n for n, p in self._params.items() if p.requires_grad))
+        cap = self._captures.get(key)
+        if cap is None:
+            cap = self._capture(key, Variant(update, has_acc, len(batch)), states, batch)
+        self.report, self.graph_module, self.report_nodes = cap.report, cap.graph_module, cap.report_nodes
+        return cap
+
+    def _capture(self, key: tuple, variant: Variant, states, batch) -> _Capture:
+        if key[-1] != tuple(self.setup.trainable_order):
+            raise ValueError("compile_training: which parameters require grad changed since compiling; "
+                             "compile the step again")
+        if len(self._captures) >= self.max_captures:
+            raise ConversionError("compile_training", f"batch shapes {[tuple(t.shape) for t in batch]}",
+                                  f"would be capture {len(self._captures) + 1} of at most max_captures="
+                                  f"{self.max_captures}: pad or bucket the shapes, or raise max_captures")
+        if self._captures and all(k[2] != key[2] for k in self._captures):  # a new batch shape
+            warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
+                          f"(batch shapes {[tuple(t.shape) for t in batch]}, "
+                          f"{'update' if variant.update else 'accumulate'})", stacklevel=4)
+        gm = trace_variant(self.setup, variant, states, self._scale, self._tracker,
+                           [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable]
+                           if variant.has_acc else [], batch)
+        report, nodes = plan_variant(self.setup, gm, variant, self.plan_options)
+        runner = torch.compile(gm, backend="inductor") if self.backend == "inductor" else gm
+        cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes)
+        self._warn_if_fp32(report)
+        return cap
+
+    def _warn_if_fp32(self, report) -> None:
+        summary = report.summary
+        if self._warned_fp32 or summary.get("fp16_nodes", 1) or self.plan_options.get("planner") != "optimal":
+            return
+        self._warned_fp32 = True
+        warnings.warn(f"compile_training: the plan runs the whole step in FP32: on {self.plan_options['target']} "
+                      f"the cost model finds this model's ops too small for low precision to pay for its casts "
+                      f"(launch-bound); planner='greedy' forces the GEMMs to FP16", stacklevel=5)
+
+    @property
+    def captures(self) -> list[dict[str, Any]]:
+        """One row per captured variant: batch shapes and whether it updates (bounded by max_captures)."""
+        return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2]]} for k in self._captures]
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -84,93 +181,52 @@ class TrainStep:
     def skipped_steps(self) -> int:
         return int(self._skipped)
 
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The last update's unscaled (and clipped) gradients by parameter name (``keep_grads=True``)."""
+        if not self.setup.keep_grads:
+            raise ValueError("compile_training: gradients are kept only with keep_grads=True")
+        return {n: self._params[n].grad for n in self.setup.trainable if self._params[n].grad is not None}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer_state": {k: [t.clone() for t in v] for k, v in self._opt_state.items()},
-                "scale": self._scale.clone(), "growth_tracker": self._tracker.clone(),
+        """The scaler's state (the optimizer's own state is in ``optimizer.state_dict()``)."""
+        return {"scale": self._scale.clone(), "growth_tracker": self._tracker.clone(),
                 "skipped_steps": self._skipped.clone(), "loss_scale": self.config.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = {"optimizer_state", "scale", "growth_tracker", "skipped_steps"} - set(state)
+        missing = {"scale", "growth_tracker", "skipped_steps"} - set(state)
         if missing:
             raise KeyError(f"state_dict lacks {sorted(missing)}")
-        self._opt_state = {k: [t.clone() for t in v] for k, v in state["optimizer_state"].items()}
         self._scale = state["scale"].clone()
         self._tracker = state["growth_tracker"].clone()
         self._skipped = state["skipped_steps"].clone()
 
 
-def _unflatten(outputs, layout: _StepLayout):
-    outputs = list(outputs)
-    n_p, n_s = len(layout.param_names), len(layout.state_keys)
-    loss = outputs[0]
-    new_params = outputs[1:1 + n_p]
-    flat_state = outputs[1 + n_p:1 + n_p + n_s * n_p]
-    new_state = [flat_state[i * n_p:(i + 1) * n_p] for i in range(n_s)]
-    scale, tracker, overflow = outputs[1 + n_p + n_s * n_p:]
-    return loss, new_params, new_state, scale, tracker, overflow
+def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads) -> Setup:
+    """Validate the model/optimizer pair and fix the parameter order (the optimizer's groups)."""
+    from .train_ddp import unwrap
 
-
-def capture_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
-                 example_batch: tuple, config: ls.LossScaleConfig, n_targets: int = 1):
-    """Trace one functional training step; returns (GraphModule, layout, functional optimizer, state)."""
-    opt = fopt.describe(optimizer)
+    model, all_reduce = unwrap(model)
+    fopt.check(optimizer)
+    if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+        raise ValueError(f"compile_training: accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"compile_training: max_grad_norm must be > 0, got {max_grad_norm!r}")
     params = dict(model.named_parameters())
-    trainable = [n for n, p in params.items() if p.requires_grad]
-    index = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
-    missing = [n for n in trainable if id(params[n]) not in index]
+    name_of = {id(p): n for n, p in params.items()}
+    trainable, sizes = [], []
+    for group in optimizer.param_groups:
+        names = [name_of.get(id(p)) for p in group["params"] if p.requires_grad]
+        if None in names:
+            raise ConversionError("compile_training", "optimizer", "holds a parameter that is not the model's")
+        trainable += names
+        sizes.append(len(names))
+    missing = [n for n, p in params.items() if p.requires_grad and n not in trainable]
     if missing:
         raise ConversionError("compile_training", f"parameter {missing[0]}", "is not in the optimizer's param_groups")
-    buffers = dict(model.named_buffers())
-    state = fopt.init_state(opt, [params[n] for n in trainable])
-    layout = _StepLayout(trainable, list(buffers), list(state), list(opt.hyper_names),
-                         len(example_batch), [index[id(params[n])] for n in trainable])
-    n_p, n_b = len(trainable), len(buffers)
-
-    def step(*flat):
-        p = list(flat[:n_p])
-        b = list(flat[n_p:n_p + n_b])
-        pos = n_p + n_b
-        st = {}
-        for key in layout.state_keys:
-            st[key] = list(flat[pos:pos + n_p])
-            pos += n_p
-        hyper = {k: flat[pos + i] for i, k in enumerate(layout.hyper_keys)}
-        pos += len(layout.hyper_keys)
-        scale, tracker = flat[pos], flat[pos + 1]
-        batch = flat[pos + 2:]
-        inputs, targets = batch[:len(batch) - n_targets], batch[len(batch) - n_targets:]
-        p_req = [t.detach().requires_grad_(True) for t in p]
-        out = torch.func.functional_call(model, {**dict(zip(trainable, p_req)), **dict(zip(buffers, b))}, inputs)
-        loss = loss_fn(out, *targets)
-        grads = torch.autograd.grad(loss * scale, p_req)  # the backward seed is the scaled loss
-        inv = 1.0 / scale
-        grads = [ls.unscale_marker(g * inv) for g in grads]
-        overflow = ls.found_inf(grads) if config.mode != "none" else torch.zeros((), dtype=torch.bool)
-        new_p, new_st = fopt.update(opt, [t.detach() for t in p], grads, st, hyper)
-        new_p = ls.skip_if(overflow, new_p, p)
-        flat_state = []
-        for key in layout.state_keys:
-            flat_state += ls.skip_if(overflow, new_st[key], st[key])
-        new_scale, new_tracker = ls.next_scale(config, scale, tracker, overflow)
-        return (loss.detach(), *new_p, *flat_state, new_scale, new_tracker, overflow)
-
-    example = [*(params[n].detach() for n in trainable), *buffers.values(),
-               *(t for k in layout.state_keys for t in state[k]),
-               *fopt.hyper_tensors(opt, optimizer, layout.group_of).values(),
-               torch.tensor(config.init_scale), torch.zeros(()), *example_batch]
-    was_training = model.training
-    model.train()
-    try:
-        gm = make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
-    except ConversionError:
-        raise
-    except Exception as exc:  # tracing errors name the construct in their message
-        raise ConversionError("compile_training", type(model).__name__,
-                              f"the training step could not be captured as one graph: "
-                              f"{str(exc).splitlines()[0]}") from None
-    finally:
-        model.train(was_training)
-    return gm, layout, opt, state
+    frozen = [n for n, p in params.items() if not p.requires_grad]
+    return Setup(model, loss_fn, optimizer, config, trainable, frozen, [n for n, _ in model.named_buffers()],
+                 sizes, n_targets, accumulation_steps, max_grad_norm, keep_grads, all_reduce,
+                 tuple(n for n, p in params.items() if p.requires_grad))
 
 
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
@@ -178,23 +234,22 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      dtype: torch.dtype | str = torch.float16, backend: str | None = None,
                      planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int = 1,
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                     growth_interval: int = 2000, deny_propagation: bool = False) -> TrainStep:
-    """One captured, mixed-precision training step: ``loss = step(*batch)``.
+                     growth_interval: int = 2000, deny_propagation: bool = False,
+                     accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
+                     max_captures: int = 8) -> TrainStep:
+    """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
-    ``loss_fn(model(*inputs), *targets)``. ``optimizer`` is a ``torch.optim`` SGD, Adam or
-    AdamW over ``model``'s parameters; its hyper-parameters are read at every step.
-    ``loss_scale`` is ``"dynamic"`` (torch.amp's defaults: 2**16, x2 after 2000 clean
-    steps, x0.5 on overflow), a number (constant scale) or ``"none"``. The step writes
-    the new parameters into ``model``; ``step.report`` is the per-op report of the step
-    graph (forward, backward and optimizer).
+    ``loss_fn(model(*inputs), *targets)`` (a scalar). ``optimizer`` is any ``torch.optim``
+    optimizer but LBFGS/SparseAdam; its own update is traced, its lr read at every step and
+    its state kept in ``optimizer.state``. ``model`` may be wrapped in DistributedDataParallel.
+    Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
+    (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
+    each call is a micro-batch of the loss divided by N, the N-th call updates.
+    ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``); ``keep_grads`` writes
+    them to ``p.grad``. Batch shapes may change: each new shape is one more capture, at most
+    ``max_captures``. ``step.report`` is the per-op report of the last graph run.
     """
-    from .dtypes import normalize_low_dtype
-    from .fx_io.emitter import emit
-    from .fx_io.importer import WeightSpec, import_graph_module
-    from .plan import make_context, run_passes
-    from .plan_report import build_report
-
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
     config = ls.LossScaleConfig.parse(loss_scale) if loss_scale in (None, "none") else \
@@ -203,25 +258,10 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     if config.mode == "dynamic":
         config = ls.LossScaleConfig("dynamic", init_scale, growth_factor, backoff_factor, growth_interval)
     example_batch = tuple(example_batch)
-    gm, layout, opt, state = capture_step(model, loss_fn, optimizer, example_batch, config, n_targets)
-    low = normalize_low_dtype(str(dtype))
-    source = f"{type(model).__name__} training step"
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = dict(model.named_parameters())
-    weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
-               for i, name in enumerate(layout.param_names)}
-    imp = import_graph_module(gm, source=source, training=True, weights=weights)
-    for op in imp.graph.ops.values():
-        if op.canonical == "unscale_marker":
-            for out in op.outputs:
-                imp.graph.tensors[out].unscale_marker = True
-    ctx = make_context(target=target, dtype=low, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
-                       training=True, deny_propagation=deny_propagation)
-    result = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp, result)
-    report = build_report(result)  # after emission: counts the casts the emitter added
-    runner = torch.compile(gm, backend="inductor") if backend == "inductor" else gm
-    step = TrainStep(model, optimizer, runner, layout, opt, config, state, report)
-    step.graph_module = gm
-    step.report_nodes = {op: node.name for op, node in imp.nodes.items()}
-    return step
+    bad = [type(t).__name__ for t in example_batch if not isinstance(t, torch.Tensor)]
+    if bad:
+        raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
+    setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads)
+    plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
+                        deny_propagation=deny_propagation)
+    return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -140,7 +140,8 @@ def _adam(model):  # eps far below the gradients, so Adam's step does not depend
     return torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-30)
 
 
-def test_gradients_below_fp16_subnormals_need_loss_scaling():
+@pytest.mark.parametrize("planner", ["greedy", "all"])
+def test_gradients_below_fp16_subnormals_need_loss_scaling(planner):  # "all": the scale stays FP32
     x, y = _teacher_data((32,), 4)
     steps = 60
     eager = _mlp()
@@ -148,14 +149,17 @@ def test_gradients_below_fp16_subnormals_need_loss_scaling():
 
     unscaled = _mlp()
     before = [p.detach().clone() for p in unscaled.parameters()]
-    step = _train_compiled(unscaled, _adam(unscaled), _tiny_loss, x, y, steps, planner="greedy", loss_scale="none")
+    step = _train_compiled(unscaled, _adam(unscaled), _tiny_loss, x, y, steps, planner=planner, loss_scale="none")
     assert _fp16_gemm_fraction(step) == 1.0
     weights = [i for i, p in enumerate(unscaled.parameters()) if p.dim() == 2]
     for i in weights:  # the FP16 weight-gradient GEMMs saw only zeros: the weights never moved
         assert torch.equal(before[i], list(unscaled.parameters())[i])
 
     scaled = _mlp()
-    step = _train_compiled(scaled, _adam(scaled), _tiny_loss, x, y, steps, planner="greedy")
+    # "all" also runs the loss and its backward in FP16: their seed, d(loss) * scale, must be an FP16
+    # number, so 2**15 (2**16 > 65504 would overflow, and be skipped, on step 1); the scale itself is FP32
+    step = _train_compiled(scaled, _adam(scaled), _tiny_loss, x, y, steps, planner=planner,
+                           init_scale=2.0 ** 15 if planner == "all" else 2.0 ** 16)
     assert step.skipped_steps == 0
 
     start = _full_loss(_mlp(), F.cross_entropy, x, y)
@@ -171,19 +175,19 @@ def test_gradients_below_fp16_subnormals_need_loss_scaling():
 
 # -- 3. overflow ------------------------------------------------------------------------------------
 
-def test_fp16_overflow_skips_the_step_bit_exactly_then_the_scale_recovers():
+@pytest.mark.parametrize("planner", ["greedy", "all"])
+def test_fp16_overflow_skips_the_step_bit_exactly_then_the_scale_recovers(planner):
     x, y = _teacher_data((32,), 4)
     model = _mlp()
     # 2**40 times the loss overflows the FP16 backward GEMMs (FP32 alone would not)
-    step = compile_training(model, F.cross_entropy, torch.optim.Adam(model.parameters(), lr=1e-3),
-                            (x[:64], y[:64]), planner="greedy", init_scale=2.0 ** 40, growth_interval=3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    step = compile_training(model, F.cross_entropy, opt, (x[:64], y[:64]), planner=planner,
+                            init_scale=2.0 ** 40, growth_interval=3)
     before = [p.detach().clone() for p in model.parameters()]
-    state_before = step.state_dict()["optimizer_state"]
     step(x[:64], y[:64])
     assert step.skipped_steps == 1 and step.scale == 2.0 ** 39
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    for key, tensors in step.state_dict()["optimizer_state"].items():
-        assert all(torch.equal(a, b) for a, b in zip(state_before[key], tensors)), key
+    assert not opt.state  # a skipped first step creates no optimizer state, as GradScaler's skip
     scales = [step.scale]
     for xb, yb in _batches(x, y, 40):
         step(xb, yb)
@@ -194,6 +198,21 @@ def test_fp16_overflow_skips_the_step_bit_exactly_then_the_scale_recovers():
     low = min(scales)
     assert max(scales[scales.index(low):]) > low  # ... then grew after clean steps
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("planner", ["optimal", "greedy", "all"])
+def test_loss_scale_state_and_arithmetic_are_fp32_under_every_planner(planner):
+    x, y = _teacher_data((32,), 4)
+    model = _mlp()
+    step = compile_training(model, F.cross_entropy, torch.optim.Adam(model.parameters(), lr=1e-3),
+                            (x[:64], y[:64]), planner=planner, init_scale=2.0 ** 15, growth_interval=1)
+    step(x[:64], y[:64])
+    assert step.skipped_steps == 0 and step.scale == 2.0 ** 16  # in FP16 2**16 is inf
+    cap = list(step._captures.values())[-1]
+    rows = [o for o in cap.report.ops if cap.report_nodes.get(o["name"]) in cap.variant.fp32_nodes]
+    assert len(rows) > 10  # the seed, the scale update, the optimizer's step counts and bias corrections
+    assert all(o["precision"] in ("float32", "n/a") for o in rows), [o["name"] for o in rows
+                                                                     if o["precision"] not in ("float32", "n/a")]
 
 
 # -- 4. graph checks --------------------------------------------------------------------------------
@@ -255,7 +274,7 @@ def test_every_op_after_an_unscale_marker_is_fp32(embedding_step):
             dtypes[n.name] = out.dtype if isinstance(out, torch.Tensor) else None
             return out
 
-    Recorder(gm).run(*step._flat_inputs((ids, target)))
+    Recorder(gm).run(*step._flat_inputs((ids, target), list(step._captures.values())[-1].variant))
     low = [name for name in after if dtypes.get(name) in (torch.float16, torch.bfloat16)]
     assert not low
 

@@ -1,0 +1,167 @@
+"""One captured variant of the training step: trace, plan, emit (docs/architecture.md, "Training").
+
+A variant is fixed by the batch shapes, whether it applies the update (the last micro-batch)
+or only accumulates gradients, the optimizer's state layout and baked hyper-parameters, and
+the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
+functionally — ``functional_call`` forward, ``autograd.grad`` backward seeded with
+``loss / N * scale``, the optimizer's own traced update (``optim.trace_update``) — and traced
+with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
+optimizer-state tensors, one lr per group, scale, growth tracker, accumulated gradients (if
+any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
+or the new parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and,
+with ``keep_grads``, the unscaled gradients (updating variant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import loss_scale as ls
+from . import optim as fopt
+from .errors import ConversionError
+
+
+@dataclass
+class Variant:
+    """What one capture computes, and how its flat inputs and outputs are laid out."""
+
+    update: bool  # apply the optimizer (last micro-batch) or only accumulate
+    has_acc: bool  # takes accumulated gradients from earlier micro-batches
+    n_batch: int
+    state_in: fopt.StateLayout | None = None
+    state_out: fopt.StateLayout | None = None
+    fp32_nodes: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Setup:
+    """Everything about the model and options that every variant shares."""
+
+    model: torch.nn.Module
+    loss_fn: Callable
+    optimizer: torch.optim.Optimizer
+    config: ls.LossScaleConfig
+    trainable: list[str]  # in the optimizer's param-group order
+    frozen: list[str]
+    buffers: list[str]
+    group_sizes: list[int]
+    n_targets: int = 1
+    accumulation_steps: int = 1
+    max_grad_norm: float | None = None
+    keep_grads: bool = False
+    all_reduce: Callable | None = None  # DDP: sums gradients over ranks inside the step
+    trainable_order: tuple[str, ...] = ()  # the names that required grad when compiled (model order)
+
+    def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return dict(self.model.named_parameters()), dict(self.model.named_buffers())
+
+
+def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], scale: torch.Tensor,
+                  tracker: torch.Tensor, acc: list[torch.Tensor], batch: tuple) -> torch.fx.GraphModule:
+    """Trace one variant of the step with ``make_fx`` (fake tensors: nothing runs, nothing changes)."""
+    params, buffers = setup.tensors()
+    trainable = [params[n] for n in setup.trainable]
+    n_p, n_f, n_b = len(setup.trainable), len(setup.frozen), len(setup.buffers)
+    variant.state_in = fopt.state_layout(states)
+    update_fn = None
+    if variant.update:
+        opt_gm, variant.state_out = fopt.trace_update(setup.optimizer, trainable, states, setup.group_sizes)
+        update_fn = fopt.graph_callable(opt_gm)
+    n_s = sum(len(k) for k in variant.state_in.keys)
+    n_l = len(setup.group_sizes)
+    fp32 = variant.fp32_nodes
+    config, n_acc = setup.config, setup.accumulation_steps
+
+    def step(*flat):
+        p, f = list(flat[:n_p]), list(flat[n_p:n_p + n_f])
+        b = list(flat[n_p + n_f:n_p + n_f + n_b])
+        pos = n_p + n_f + n_b
+        st, lrs = list(flat[pos:pos + n_s]), list(flat[pos + n_s:pos + n_s + n_l])
+        pos += n_s + n_l
+        scale, tracker = flat[pos], flat[pos + 1]
+        pos += 2
+        prev = list(flat[pos:pos + n_p]) if variant.has_acc else None
+        data = flat[pos + (n_p if variant.has_acc else 0):]
+        inputs, targets = data[:len(data) - setup.n_targets], data[len(data) - setup.n_targets:]
+        p_req = [t.detach().requires_grad_(True) for t in p]
+        named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
+        loss = setup.loss_fn(torch.func.functional_call(setup.model, named, tuple(inputs)), *targets)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
+        with ls.fp32_ops(fp32):
+            seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
+        grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
+        grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
+        if prev is not None:
+            grads = [a + g for a, g in zip(prev, grads)]
+        if not variant.update:
+            return (loss.detach(), *grads)
+        with ls.fp32_ops(fp32):  # the optimizer's arithmetic that does not read a gradient (step counts,
+            # bias corrections, lr) is upstream of no unscale marker: it is denied low precision by name
+            if setup.all_reduce is not None:
+                grads = setup.all_reduce(grads)
+            grads = [g * (1.0 / scale) for g in grads]
+            overflow = ls.found_inf(grads) if config.mode != "none" else scale.new_zeros((), dtype=torch.bool)
+            if setup.max_grad_norm is not None:
+                grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
+            else:
+                norm = scale.new_zeros(())
+            out = update_fn([*(t.detach() for t in p), *grads, *st, *lrs])
+            new_p, new_st = ls.skip_if(overflow, out[:n_p], p), out[n_p:]
+            old = dict(zip(_state_names(variant.state_in), st))
+            new_st = [torch.where(overflow, old[k], v) if k in old else v
+                      for k, v in zip(_state_names(variant.state_out), new_st)]
+            new_scale, new_tracker = ls.next_scale(config, scale, tracker, overflow)
+        kept = grads if setup.keep_grads else []
+        return (loss.detach(), *new_p, *new_st, new_scale, new_tracker, overflow, norm, *kept)
+
+    example = [*trainable, *(params[n] for n in setup.frozen), *(buffers[n] for n in setup.buffers),
+               *(s[k] for s, keys in zip(states, variant.state_in.keys) for k in keys),
+               *fopt.lr_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
+    example = [t.detach() for t in example]
+    try:
+        return make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
+    except ConversionError:
+        raise
+    except Exception as exc:  # tracing errors name the construct in their message
+        raise ConversionError("compile_training", type(setup.model).__name__,
+                              f"the training step could not be captured as one graph: "
+                              f"{str(exc).splitlines()[0] if str(exc) else repr(exc)}") from None
+
+
+def _state_names(layout: fopt.StateLayout) -> list[tuple[int, str]]:
+    return [(i, k) for i, keys in enumerate(layout.keys) for k in keys]
+
+
+def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_options: dict[str, Any]):
+    """Import the traced step into the IR, run the shared passes, rewrite ``gm`` in place."""
+    from .dtypes import normalize_low_dtype
+    from .fx_io.emitter import emit
+    from .fx_io.importer import WeightSpec, import_graph_module
+    from .plan import make_context, run_passes
+    from .plan_report import build_report
+
+    opts = dict(plan_options)
+    low = normalize_low_dtype(str(opts.pop("dtype")))
+    source = f"{type(setup.model).__name__} training step"
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params, _ = setup.tensors()
+    weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
+               for i, name in enumerate(setup.trainable + setup.frozen)}
+    imp = import_graph_module(gm, source=source, training=True, weights=weights)
+    for op in imp.graph.ops.values():
+        if op.canonical == "unscale_marker":
+            for out in op.outputs:
+                imp.graph.tensors[out].unscale_marker = True
+    ir_of = {node.name: op for op, node in imp.nodes.items()}
+    deny_nodes = set(opts.pop("deny_nodes", ())) | {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
+    ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
+    result = run_passes(imp.graph, ctx, source, imp.dim_values)
+    emit(imp, result)
+    report = build_report(result)  # after emission: counts the casts the emitter added
+    return report, {op: node.name for op, node in imp.nodes.items()}

@@ -1,0 +1,178 @@
+"""Fine-tuning recipes through compile_training, against eager PyTorch: frozen parameters,
+gradient clipping (and seeing the gradients), gradient accumulation, changing batch shapes.
+
+Tiny MLP, default plan (FP32 on a model this small), so parity is to float rounding.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amp_compiler.errors import ConversionError  # noqa: E402
+from amp_compiler.training import compile_training  # noqa: E402
+
+from .test_training import _assert_same_params as _close  # noqa: E402
+from .test_training import _eager_step  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _mlp(frozen_first=False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if frozen_first:
+        model[0].requires_grad_(False)
+    return model
+
+
+def _data(n=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _compile(model, opt, batch, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile_training(model, F.cross_entropy, opt, batch, **kw)
+
+
+def test_frozen_parameters_get_no_gradient_state_or_update():
+    eager, captured = _mlp(frozen_first=True), _mlp(frozen_first=True)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)  # frozen ones in the optimizer too, as users do
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    x, y = _data()
+    step = _compile(captured, opt_c, (x, y))
+    frozen = captured[0].weight.detach().clone()
+    for _ in range(3):
+        _eager_step(eager, opt_e, x, y)
+        step(x, y)
+    _close(eager, captured)
+    assert torch.equal(captured[0].weight, frozen)
+    assert captured[0].weight not in opt_c.state and captured[2].weight in opt_c.state
+    graph = step.graph_module.graph
+    assert sum("unscale_marker" in str(n.target) for n in graph.nodes) == 2  # gradients of layer 2 only
+    fp16 = _mlp(frozen_first=True)
+    step = _compile(fp16, torch.optim.AdamW(fp16.parameters(), lr=1e-2), (x, y), planner="greedy")
+    casts = {c["tensor"] for c in step.report.casts}
+    assert step.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    assert "2.weight" in casts and not {"0.weight", "0.bias"} & casts  # frozen: cast once when compiled, not per step
+
+
+def test_clipping_matches_unscale_then_clip_grad_norm_and_gradients_are_visible():
+    eager, captured = _mlp(), _mlp()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.5)
+    x, y = _data()
+    step = _compile(captured, torch.optim.SGD(captured.parameters(), lr=0.5), (x, y), max_grad_norm=0.05,
+                    keep_grads=True)
+    for _ in range(3):
+        opt_e.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.05)
+        opt_e.step()
+        step(x, y)
+        torch.testing.assert_close(step.grad_norm, norm, rtol=1e-5, atol=1e-6)
+    assert norm > 0.05  # clipping was active
+    _close(eager, captured)
+    grads = step.grads()
+    assert set(grads) == {n for n, _ in captured.named_parameters()}
+    for (_, p), q in zip(captured.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)  # the clipped, unscaled gradients
+
+
+def test_accumulation_updates_on_the_nth_call_like_eager_accumulation_of_loss_over_n():
+    eager, captured = _mlp(), _mlp()
+    opt_e = torch.optim.Adam(eager.parameters(), lr=1e-2)
+    x, y = _data(96)
+    micro = [(x[i:i + 32], y[i:i + 32]) for i in (0, 32, 64)]
+    step = _compile(captured, torch.optim.Adam(captured.parameters(), lr=1e-2), micro[0], accumulation_steps=3,
+                    max_grad_norm=1.0)
+    for _ in range(2):
+        opt_e.zero_grad()
+        for xb, yb in micro:
+            (F.cross_entropy(eager(xb), yb) / 3).backward()
+        torch.nn.utils.clip_grad_norm_(eager.parameters(), 1.0)
+        opt_e.step()
+        before = [p.detach().clone() for p in captured.parameters()]
+        step(*micro[0])
+        step(*micro[1])
+        assert all(torch.equal(a, b) for a, b in zip(before, captured.parameters()))  # not yet
+        step(*micro[2])
+    _close(eager, captured)
+
+
+def test_accumulated_overflow_skips_the_whole_update():
+    model = _mlp()
+    x, y = _data()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = _compile(model, opt, (x, y), accumulation_steps=2)
+    step(x, y), step(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    bad = x.clone()
+    bad[0, 0] = 3e38
+    step(bad, y)  # the overflow is in the first micro-batch; the decision is taken on the second
+    step(x, y)
+    assert step.skipped_steps == 1 and step.scale == 2.0 ** 15
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_changing_batch_shapes_share_parameters_and_state_and_are_bounded():
+    eager, captured = _mlp(), _mlp()
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    x, y = _data(100)
+    batches = [(x[:64], y[:64]), (x[64:], y[64:]), (x[:64], y[:64]), (x[64:], y[64:])]  # 36: the last batch
+    step = _compile(captured, opt_c, batches[0], max_captures=3)
+    with pytest.warns(UserWarning, match=r"capturing step variant 2 \(batch shapes \[\(36, 16\), \(36,\)\]"):
+        for xb, yb in batches:
+            _eager_step(eager, opt_e, xb, yb)
+            step(xb, yb)
+    _close(eager, captured)
+    # the first step creates the optimizer state; then one steady variant per shape
+    assert [c["batch_shapes"][0] for c in step.captures] == [(64, 16), (36, 16), (64, 16)]
+    with pytest.raises(ConversionError, match="would be capture 4 of at most max_captures=3"):
+        step(x[:10], y[:10])
+
+
+def test_a_step_planned_entirely_fp32_says_so_once():
+    model = _mlp()
+    x, y = _data()
+    with pytest.warns(UserWarning, match="the plan runs the whole step in FP32: on h100 the cost model") as record:
+        step = compile_training(model, F.cross_entropy, torch.optim.Adam(model.parameters()), (x, y))
+        step(x, y)
+        step(x, y)  # a second capture (the steady step, the optimizer state exists), no second warning
+    assert len(step.captures) == 2
+    assert sum("whole step in FP32" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        other = _mlp()
+        compile_training(other, F.cross_entropy, torch.optim.SGD(other.parameters(), lr=0.1), (x, y),
+                         planner="greedy")  # FP16 GEMMs: nothing to say
+
+
+class _Pool(torch.nn.Module):
+    """Tokens -> mean embedding -> logits: any sequence length."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(32, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids).mean(1))
+
+
+def test_variable_sequence_length_matches_eager():
+    eager, captured = _Pool(), _Pool()
+    opt_e, opt_c = torch.optim.SGD(eager.parameters(), lr=0.5), torch.optim.SGD(captured.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 32, (8, n), generator=g), torch.randint(0, 4, (8,), generator=g)) for n in (12, 7, 12)]
+    step = _compile(captured, opt_c, batches[0])
+    for ids, y in batches:
+        _eager_step(eager, opt_e, ids, y)
+        step(ids, y)
+    _close(eager, captured)
+    assert sorted({c["batch_shapes"][0] for c in step.captures}) == [(8, 7), (8, 12)]
