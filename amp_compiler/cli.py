@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from cost_model import DEVICES
+from cost_model.runtime import RUNTIMES
 
 from .errors import ConversionError
 
@@ -66,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TF's rule: an infer op fed by a deny op (Pow, a reduction) through infer/clear ops stays "
                         "FP32 too, so a value of unknown range (an RMSNorm's mean square) is never cast to FP16; "
                         "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
+    p.add_argument("--deploy", default="ort-cuda", choices=list(RUNTIMES),
+                   help="runtime the model will be deployed on, whose kernel fusions and launch costs the cost "
+                        "model prices (default: ort-cuda, ONNX Runtime's CUDA EP; tensorrt and inductor fuse casts "
+                        "into neighbouring kernels)")
+    p.add_argument("--objective", default="time", choices=["time", "memory"],
+                   help="time: fastest predicted plan, near-ties (within 1%%) to the one with less memory "
+                        "(default); memory: least weight+activation memory, time breaks ties")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
     p.add_argument("--default-dim", type=_positive_int, default=8, metavar="N",
@@ -177,7 +185,8 @@ def _run(args: argparse.Namespace) -> int:
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
-                                deny_propagation=args.deny_propagation)
+                                deny_propagation=args.deny_propagation, deploy=args.deploy,
+                                objective=args.objective)
     if args.fallback:
         converted, report, _ = convert_with_fallback(convert, original, feeds, args.tolerance,
                                                      deny_nodes=args.deny_node, progress=progress,

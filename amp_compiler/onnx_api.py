@@ -8,6 +8,8 @@ from typing import Iterable
 
 from onnx import ModelProto
 
+from cost_model.runtime import default_runtime
+
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .onnx_io.emitter import emit
@@ -25,7 +27,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
                  base_dir: str | os.PathLike | None = None,
-                 deny_propagation: bool = False) -> tuple[ModelProto, Report]:
+                 deny_propagation: bool = False, deploy: str | None = None,
+                 objective: str = "time") -> tuple[ModelProto, Report]:
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -49,6 +52,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     infer/clear ops stays FP32 too (the range of a Pow or reduction output is unknown; this
     keeps a T5-style RMSNorm out of FP16 without calibration data, at the price of more FP32
     elementwise work, e.g. GPT-2's tanh-GELU after its Pow).
+    ``deploy``: the runtime the model will run on, whose fusions and launch costs the cost
+    model prices (``cost_model/runtime.py``; default ``"ort-cuda"``, ONNX Runtime's CUDA EP).
+    ``objective``: ``"time"`` (near-ties go to the plan with less memory) or ``"memory"``.
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
@@ -57,7 +63,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     """
     ctx = make_context(target=target, dtype=dtype, planner=planner, keep_io_types=keep_io_types, allow=allow,
                        deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
-                       progress=progress, deny_propagation=deny_propagation)
+                       progress=progress, deny_propagation=deny_propagation,
+                       runtime=deploy or default_runtime("onnx"), objective=objective)
     if isinstance(model_or_path, ModelProto):
         model = ModelProto()
         model.CopyFrom(model_or_path)

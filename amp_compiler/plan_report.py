@@ -76,6 +76,7 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
         "target": ctx.target if isinstance(ctx.target, str) else getattr(ctx.target, "name", str(ctx.target)),
         "dtype": ctx.low_dtype, "planner": ctx.planner, "keep_io_types": ctx.keep_io_types,
         "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
+        **{k: pred[k] for k in _PLAN_FIELDS if k in pred},  # runtime, objective, memory, fp32_tensor_core_why
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -88,6 +89,11 @@ def build_report(graph: PrecisionGraph, ctx: Any, records: list, source: str) ->
         "alignment": list(ctx.alignment),
     }
     return Report(data)
+
+
+#: fields the convert pass computes in one place (passes/convert.py) and the summary carries as they are
+_PLAN_FIELDS = ("runtime_profile", "objective", "fusion_groups", "predicted_memory_fp32_bytes",
+                "predicted_memory_mixed_bytes", "predicted_memory_all_fp16_bytes", "fp32_tensor_core_why")
 
 
 def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:

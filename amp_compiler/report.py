@@ -580,6 +580,8 @@ class Report:
         # header
         title = trunc_end(_clean(self._title()), W)
         out += [title, "═" * _width(title)]
+        for line in (s.get("fp32_tensor_core_why") or "").splitlines():  # why GEMM/conv work stayed FP32
+            out.append(trunc_end("! " + _clean(line), W))
         out.append(trunc_end(
             f"target {_clean(s.get('target') or '—')} · dtype {_clean(s.get('dtype') or '—')}"
             f" · planner {_clean(s.get('planner') or '—')}", W))

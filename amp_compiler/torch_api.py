@@ -24,6 +24,8 @@ from typing import Any, Iterable
 import torch
 from torch import fx
 
+from cost_model.runtime import default_runtime
+
 from .dtypes import normalize_low_dtype
 from .fx_io.capture import export_graph
 from .fx_io.emitter import FOLDED_ATTR, emit
@@ -67,7 +69,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
             dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
-            deny_propagation: bool = False) -> torch.nn.Module:
+            deny_propagation: bool = False, deploy: str | None = None,
+            objective: str = "time") -> torch.nn.Module:
     """Plan and apply mixed precision on ``model``; returns the rewritten module with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
@@ -80,7 +83,9 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graph to ``torch.compile`` so
     the remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
-    ``convert_onnx`` (infer ops fed by deny ops stay FP32). Raises ``ConversionError`` naming the
+    ``convert_onnx`` (infer ops fed by deny ops stay FP32). ``deploy`` names the runtime
+    profile the cost model prices (default: ``inductor`` with ``backend="inductor"``, else
+    ``eager``); ``objective`` ``"time"`` or ``"memory"``. Raises ``ConversionError`` naming the
     construct when the model cannot be captured.
     """
     if backend not in BACKENDS:
@@ -91,7 +96,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     training = model.training if training is None else bool(training)
     ctx = make_context(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=allow,
                        deny=deny, deny_nodes=deny_nodes, training=training, default_dim=default_dim,
-                       profile=profile, deny_propagation=deny_propagation)
+                       profile=profile, deny_propagation=deny_propagation,
+                       runtime=deploy or default_runtime("torch", backend), objective=objective)
     args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     source = type(model).__name__
     gm = export_graph(model, tuple(args), example_kwargs, source=source, dynamic_shapes=dynamic_shapes)

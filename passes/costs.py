@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 from amp_compiler.dtypes import FLOAT32, is_float, itemsize
 from amp_compiler.flops import alignment_dims, op_flops
-from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, Op, PrecisionGraph, Tensor
+from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, Op, PrecisionGraph, Tensor
 from amp_compiler.registry import DEFAULT_REGISTRY
 from cost_model import Roofline
+from cost_model.runtime import get_runtime
 
 from .base import PlanContext
+from .fusion import form_groups, op_kind
 
 #: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
 Endpoint = tuple[str, int | None]
@@ -29,6 +31,17 @@ class TensorTerm:
     tensor: str
     cast_cost: float
     producer: Endpoint
+    consumers: list[Endpoint]
+
+
+@dataclass
+class MemoryTerm:
+    """A constant's storage: one copy per dtype its readers use (FP32 copy if any reads FP32,
+    low copy if any reads low). Both indicators are submodular (``docs/architecture.md``)."""
+
+    tensor: str
+    bytes_fp32: float
+    bytes_low: float
     consumers: list[Endpoint]
 
 
@@ -44,6 +57,10 @@ class PlanEnergy:
     terms: list[TensorTerm]
     by_unit: dict[int, list[int]] = field(default_factory=dict)  # unit -> indices of terms touching it
     forbidden_low: set[int] = field(default_factory=set)  # units that may not go low (all-low ruler)
+    mem_terms: list[MemoryTerm] = field(default_factory=list)  # weights read by units
+    act_fp32: dict[int, float] = field(default_factory=dict)  # bytes a unit's outputs hold in FP32
+    act_low: dict[int, float] = field(default_factory=dict)  # ... and in the low dtype
+    fixed_memory: float = 0.0  # weights whose dtype no plan changes
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -68,6 +85,19 @@ class PlanEnergy:
         cast_time = sum(casts)
         return ops + cast_time, sum(1 for c in casts if c), cast_time
 
+    def weight_bytes(self, plan: dict[int, int]) -> float:
+        """Bytes of the stored weights the plan's units read (one copy per dtype in use)."""
+        total = 0.0
+        for m in self.mem_terms:
+            used = {self.value(c, plan) for c in m.consumers}
+            total += m.bytes_fp32 * (0 in used) + m.bytes_low * (1 in used)
+        return total
+
+    def memory(self, plan: dict[int, int]) -> float:
+        """The memory objective: weights plus the unit outputs' bytes (a modular activation proxy)."""
+        act = sum(self.act_low[u] if plan[u] else self.act_fp32[u] for u in self.unit_ops)
+        return self.fixed_memory + self.weight_bytes(plan) + act
+
     def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
         """(change in op time, change in cast time) if ``unit`` alone switched precision."""
         touched = self.by_unit.get(unit, ())
@@ -82,14 +112,39 @@ class PlanEnergy:
 
 
 class OpTimer:
-    """Predicted time of one op in a given precision (roofline or measured profile)."""
+    """Predicted time of one op in a given precision (roofline or measured profile), as part
+    of the fusion group the deployment runtime runs it in (``passes/fusion.py``): only bytes
+    crossing the group's boundary count, and the group's first priced op pays its launch."""
 
     def __init__(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
         self.graph = graph
         self.roofline = Roofline(ctx.target, ctx.profile)
         self.registry = ctx.registry or DEFAULT_REGISTRY
+        self.runtime = get_runtime(getattr(ctx, "runtime", "eager"))
+        self.groups = form_groups(graph, self.runtime, self.registry)
+        self.launch = self.roofline.launch_overhead * self.runtime.launch_scale
+        self._leaders = self._group_leaders()
         self._flops: dict[str, float] = {}
         self._times: dict[tuple[str, str], float] = {}
+        self._bytes: dict[tuple[str, str], float] = {}
+        self._cast_costs: dict[object, float] = {}
+
+    def _group_leaders(self) -> set[str]:
+        """The first op of each group that is priced (float data, not a view): it pays the launch."""
+        leaders = set()
+        for members in self.groups.members.values():
+            for name in members:
+                op = self.graph.ops[name]
+                if op.has_unit_ports and not op.inserted and op_kind(op, self.registry) != "alias":
+                    leaders.add(name)
+                    break
+        return leaders
+
+    def internal(self, t: Tensor) -> bool:
+        """True if ``t`` never reaches memory: produced and read only inside one fusion group."""
+        same = self.groups.same_group
+        return bool(t.producer and t.consumers and not t.is_graph_output
+                    and all(same(t.producer, c) for c, _ in t.consumers))
 
     def flops(self, op: Op) -> float:
         cached = self._flops.get(op.name)
@@ -100,15 +155,26 @@ class OpTimer:
         return cached
 
     def bytes(self, op: Op, dtype: str) -> float:
+        """Bytes ``op`` moves across its fusion group's boundary (cached: planning-time graph)."""
+        key = (op.name, dtype)
+        cached = self._bytes.get(key)
+        if cached is None:
+            cached = self._bytes[key] = self._boundary_bytes(op, dtype)
+        return cached
+
+    def _boundary_bytes(self, op: Op, dtype: str) -> float:
         row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
         traffic = row.traffic if row else "all"
         if traffic == "alias":
             return 0.0
         total = 0
-        for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
+        same = self.groups.same_group
+        for names, roles, reads in ((op.inputs, op.input_roles, True), (op.outputs, op.output_roles, False)):
             for name, role in zip(names, roles):
                 if name:
                     t = self.graph.tensors[name]
+                    if (same(t.producer, op.name) if reads else self.internal(t)):
+                        continue  # an intermediate of the fused kernel: never reaches memory
                     total += self.graph.nbytes(t, dtype if role == UNIT else t.dtype)
         if traffic == "gather" and op.inputs and op.inputs[0] and op.outputs and op.outputs[0]:
             table = self.graph.tensors[op.inputs[0]]
@@ -132,17 +198,32 @@ class OpTimer:
         if op.canonical == "cast" and op.inserted:
             t = self.graph.tensors[op.inputs[0]]
             return self.roofline.cast_time(self.graph.numel(t), t.dtype or FLOAT32, dtype)
-        return self.roofline.op_time(
+        kernel = self.roofline.op_time(
             flops=self.flops(op), bytes_moved=self.bytes(op, dtype), dtype=dtype,
             tensor_core=op.tensor_core, aligned=self.aligned(op) if op.tensor_core else True,
             key=self.profile_key(op) if self.roofline.profile is not None else None)
+        launch = self.launch if op.name in self._leaders else 0.0
+        return max(kernel - self.roofline.launch_overhead, 0.0) + launch
 
     def profile_key(self, op: Op) -> str:
         shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
         return f"{op.canonical}[{shapes}]"
 
     def cast_time(self, t: Tensor, low: str) -> float:
-        return self.roofline.cast_time(self.graph.numel(t), FLOAT32, low)
+        """What converting ``t`` between FP32 and ``low`` costs on the runtime: nothing inside a
+        fused kernel that converts in registers, its traffic where casts fold into a
+        neighbour's kernel, traffic plus a launch where a cast is a kernel of its own. Keyed by
+        the producing port, so the casts pass's renamed graph outputs price the same."""
+        key = (t.producer, t.producer_port) if t.producer else t.name
+        cached = self._cast_costs.get(key)
+        if cached is None:
+            traffic = self.roofline.bytes_time(self.graph.numel(t) * (itemsize(FLOAT32) + itemsize(low)))
+            if self.runtime.fuse_casts:
+                cached = 0.0 if self.internal(t) else traffic
+            else:
+                cached = traffic + self.launch
+            self._cast_costs[key] = cached
+        return cached
 
 
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
@@ -160,6 +241,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.unit_ops[uid] = [op.name]
             energy.time_fp32[uid] = timer.time(op, FLOAT32)
             energy.time_low[uid] = timer.time(op, low)
+            energy.act_fp32[uid], energy.act_low[uid] = _output_bytes(graph, op, FLOAT32), _output_bytes(graph, op, low)
         else:
             op.unit = None
             energy.fixed_time += timer.time(op, op.precision or FLOAT32)
@@ -196,6 +278,8 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
             ends.append(("fixed", code(t.dtype)))
         prod = producer_end(t)
+        if t.kind in (CONSTANT, PARAMETER) and ends:
+            _weight_memory(graph, energy, t, prod, ends, low)
         if not ends or prod[0] == "free":
             continue
         if prod[0] == "fixed" and all(e[0] == "fixed" for e in ends):
@@ -208,3 +292,26 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
                 energy.by_unit[v].append(idx)
     return energy
+
+
+def _output_bytes(graph: PrecisionGraph, op: Op, dtype: str) -> float:
+    """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""
+    if op.canonical and DEFAULT_REGISTRY.by_canonical.get(op.canonical) is not None \
+            and DEFAULT_REGISTRY.by_canonical[op.canonical].traffic == "alias":
+        return 0.0
+    return float(sum(graph.nbytes(graph.tensors[n], dtype) for n, r in zip(op.outputs, op.output_roles)
+                     if n and r == UNIT))
+
+
+def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,
+                   ends: list[Endpoint], low: str) -> None:
+    """A constant is stored once per dtype its readers want; a parameter stays FP32 (the master)."""
+    numel = graph.numel(t)
+    b32, blow = float(numel * itemsize(FLOAT32)), float(numel * itemsize(low))
+    if prod[0] != "free":
+        energy.fixed_memory += graph.nbytes(t)
+    elif all(e[0] == "fixed" for e in ends):
+        used = {e[1] for e in ends}
+        energy.fixed_memory += b32 * (0 in used) + blow * (1 in used)
+    else:
+        energy.mem_terms.append(MemoryTerm(t.name, b32, blow, ends))
