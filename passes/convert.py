@@ -118,7 +118,8 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
     units = list(energy.unit_ops)
     index = {u: i + 2 for i, u in enumerate(units)}  # 0 = source (FP32 side), 1 = sink (low side)
     mem_terms = energy.mem_terms if mem_weight > 0 else []
-    n_nodes = 2 + len(units) + 2 * len(energy.terms) + 2 * len(mem_terms)
+    n_choose = sum(1 for t in energy.terms if t.producer[0] == "choose")
+    n_nodes = 2 + len(units) + 2 * len(energy.terms) + 2 * len(mem_terms) + n_choose
     rows: list[int] = []
     cols: list[int] = []
     caps: list[float] = []
@@ -153,9 +154,11 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
         aux += 2
         kind, p = term.producer
         c = tw * term.cast_cost
-        if kind == "var":
-            add(index[p], a, c)  # producer FP32, some consumer low
-            add(b, index[p], c)  # producer low, some consumer FP32
+        if kind in ("var", "choose"):
+            node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
+            aux += kind == "choose"
+            add(node, a, c)  # producer FP32, some consumer low
+            add(b, node, c)  # producer low, some consumer FP32
         elif p == 0:
             add(_SOURCE, a, c)
         else:
@@ -181,8 +184,10 @@ def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: l
     cap = np.asarray(caps, dtype=np.float64)
     finite = cap >= 0
     total = float(cap[finite].sum()) or 1.0
-    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int32)
+    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int64)
     graph = csr_matrix((scaled, (np.asarray(rows), np.asarray(cols))), shape=(n_nodes, n_nodes))
+    graph.sum_duplicates()  # repeated edges add up: in int64, then capped, so two "infinite" edges
+    graph.data = np.minimum(graph.data, 2 ** 30).astype(np.int32)  # never wrap around to a negative
     flow = maximum_flow(graph, _SOURCE, _SINK).flow
     residual = (graph - flow).tocsr()
     residual.data[residual.data < 0] = 0

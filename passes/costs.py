@@ -22,7 +22,9 @@ from cost_model.runtime import get_runtime
 from .base import PlanContext
 from .fusion import form_groups, op_kind
 
-#: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
+#: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None) (a constant:
+#: stored in whatever dtype each reader wants) | ("choose", None) (a graph input without
+#: keep_io_types: it takes the dtype its readers agree on, else it is cast once)
 Endpoint = tuple[str, int | None]
 
 
@@ -69,6 +71,9 @@ class PlanEnergy:
         return v if kind == "fixed" else None
 
     def term_cost(self, term: TensorTerm, plan: dict[int, int]) -> float:
+        if term.producer[0] == "choose":
+            used = {self.value(c, plan) for c in term.consumers}
+            return term.cast_cost if {0, 1} <= used else 0.0
         src = self.value(term.producer, plan)
         if src is None:
             return 0.0  # constants are stored in whatever dtype their consumers want
@@ -259,7 +264,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         if t.kind == CONSTANT:  # stored in whatever dtype its consumers want (PARAMETERs are not)
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
-            return ("free", None)
+            return ("choose", None)
         return ("fixed", code(t.dtype))
 
     for t in graph.float_tensors():
@@ -277,13 +282,14 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
                 ends.append(("fixed", code(t.dtype)))
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
             ends.append(("fixed", code(t.dtype)))
+        ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
         prod = producer_end(t)
         if t.kind in (CONSTANT, PARAMETER) and ends:
             _weight_memory(graph, energy, t, prod, ends, low)
         if not ends or prod[0] == "free":
             continue
-        if prod[0] == "fixed" and all(e[0] == "fixed" for e in ends):
-            if any(e[1] != prod[1] for e in ends):
+        if prod[0] in ("fixed", "choose") and all(e[0] == "fixed" for e in ends):
+            if any(e[1] != (prod[1] if prod[0] == "fixed" else ends[0][1]) for e in ends):
                 energy.fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
             continue
         idx = len(energy.terms)
@@ -315,3 +321,19 @@ def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: E
         energy.fixed_memory += b32 * (0 in used) + blow * (1 in used)
     else:
         energy.mem_terms.append(MemoryTerm(t.name, b32, blow, ends))
+
+
+def realised_time(graph: PrecisionGraph, timer: OpTimer, low: str) -> tuple[float, int]:
+    """(predicted time, casts) of the graph *after* the casts pass, priced op by op: each op
+    at its precision, each FP32<->low cast it holds at ``timer.cast_time`` of the value it
+    converts. Equal to the plan's energy when the realised casts are those the energy charged."""
+    total, casts = 0.0, 0
+    for op in graph.ops.values():
+        if op.inserted and op.canonical == "cast":
+            src = graph.tensors[op.inputs[0]]
+            if {src.dtype, graph.tensors[op.outputs[0]].dtype} == {FLOAT32, low}:
+                total += timer.cast_time(src, low)
+                casts += 1
+        elif op.has_unit_ports and not op.inserted:
+            total += timer.time(op, op.precision or FLOAT32)
+    return total, casts
