@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "FP16 ops without a CPU kernel in FP32) or reference (onnx.reference: rounds every op "
                         "to FP16 as a GPU would; slow, for small models)")
     p.add_argument("--inputs", metavar="FILE.npz",
-                   help="inputs for --validate, --fallback and --calibrate (default: seeded random inputs)")
+                   help="inputs for --validate, --fallback and --calibrate (default: seeded inputs drawn as the "
+                        "model sees them: token ids within the embedding table, masks of ones, images in [0, 1], "
+                        "audio in [-1, 1]; the report says how)")
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
@@ -193,6 +195,8 @@ def _run(args: argparse.Namespace) -> int:
                                                      runner=_runner(args))
     else:
         converted, report = convert(deny_nodes=args.deny_node)
+    if feeds is not None:
+        report.summary["inputs_drawn"] = args.inputs_drawn  # how the validation/calibration inputs were made
     if out is not None:
         progress(f"write {out}")
         save_model(converted, out, base_dir=base_dir, protect=[args.input])
@@ -208,9 +212,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _feeds(args, model) -> dict:
-    from .validate import load_inputs, random_inputs
+    from .input_gen import model_inputs
+    from .validate import load_inputs
 
-    return load_inputs(args.inputs, model) if args.inputs else random_inputs(model)
+    if args.inputs:
+        args.inputs_drawn = {"*": f"read from {args.inputs}"}
+        return load_inputs(args.inputs, model)
+    feeds, args.inputs_drawn = model_inputs(model)
+    return feeds
 
 
 def _runner(args):

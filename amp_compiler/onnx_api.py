@@ -89,9 +89,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
 
 def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
     from .calibrate import activation_ranges, mark_ranges
-    from .validate import random_inputs
+    from .input_gen import model_inputs
 
-    ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
+    ranges = activation_ranges(model, graph, feeds if feeds is not None else model_inputs(model)[0])
     graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype)
 
 
