@@ -14,6 +14,6 @@ def default_passes() -> list[Pass]:
 
 
 __all__ = [
-    "OBJECTIVES", "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError", "PassManager",
-    "PassRecord", "PassResult", "PlanContext", "PropagatePass", "default_passes",
+    "OBJECTIVES", "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError",
+    "PassManager", "PassRecord", "PassResult", "PlanContext", "PropagatePass", "default_passes",
 ]
