@@ -33,12 +33,12 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     kept = [u for u, names in energy.unit_ops.items() if not plan.get(u) and graph.ops[names[0]].tensor_core]
     if kept:
         flops = sum(timer.flops(graph.ops[n]) for u in kept for n in energy.unit_ops[u])
-        flipped = {**plan, **{u: 1 for u in kept}}
+        flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
         d_total = energy.total(flipped)[0] - energy.total(plan)[0]
-        d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in kept)
+        d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
         saved = energy.memory(plan) - energy.memory(flipped)
         lines.append(f"{len(kept)} tensor-core ops ({flops / total:.0%} of GEMM/conv FLOPs) FP32 by cost "
-                     f"({timer.runtime.name}, dims {graph.default_dim()}): {low} compute {_us(d_op)}, casts "
+                     f"({timer.runtime.name}, dims {graph.default_dim()}): all-{low} compute {_us(d_op)}, casts "
                      f"{_us(d_total - d_op)}, net {_us(d_total)}, memory -{saved / 2 ** 20:.2f} MiB")
         lines.append("would change it: --dim NAME=SIZE (real batch/sequence), --deploy tensorrt|inductor (casts "
                      "fuse), --objective memory")
