@@ -22,7 +22,12 @@ Sources, per profile (behaviour as documented by each project):
   O2 level: attention, LayerNorm and SkipLayerNorm (residual add + LayerNorm), SimplifiedLayerNorm
   (RMSNorm), GELU/FastGelu/BiasGelu, MatMul + Add -> Gemm/FusedMatMul, Conv + activation ->
   FusedConv). It has no general elementwise fuser, and a ``Cast`` node is a kernel of its
-  own; CUDA graphs are opt-in (``enable_cuda_graph``), so launches are not amortised.
+  own; its pointwise fusions are patterns anchored on an activation (Erf, Tanh, Sigmoid:
+  GELU, FastGelu, Swish), so a pointwise chain without one stays unfused; CUDA graphs are opt-in (``enable_cuda_graph``), so launches are not amortised.
+  *Decomposed* LayerNorm/RMSNorm chains (ReduceMean ... Div, Mul) are left unfused here, on
+  purpose: ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then
+  builds an ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that
+  fusion (FP32 norm behind a widening cast) failed to load; unfused pricing is conservative.
 * ``tensorrt`` -- TensorRT's layer fusion catalog (docs.nvidia.com/deeplearning/tensorrt,
   "Layer Fusion Catalog"): convolution/FullyConnected + bias + activation + element-wise
   sum, PointWise fusion of elementwise chains, normalisation and MHA fusion, and reformat
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 
 __all__ = ["RuntimeProfile", "RUNTIMES", "get_runtime", "default_runtime", "KINDS"]
 
-KINDS = ("gemm", "pointwise", "reduction", "norm", "softmax", "movement", "alias", "other")
+KINDS = ("gemm", "pointwise", "reduction", "norm", "softmax", "movement", "alias", "cast", "other")
 
 _PW = "pointwise"
 
@@ -64,6 +69,11 @@ class RuntimeProfile:
     launch_scale: float = 1.0  # fraction of the device launch overhead paid per kernel
     max_pointwise: int = 1 << 30  # cap on pointwise ops per fused kernel (pattern-sized for ORT)
     max_gemms: int = 1  # tensor-core ops per kernel (2: attention, QK^T and PV in one kernel)
+    #: if set, a group of pointwise ops alone (no GEMM, norm or softmax) fuses only when it holds
+    #: one of these canonical ops: a pattern fuser (ORT's GELU/FastGelu/Swish), not a general one
+    pointwise_anchors: frozenset[str] = frozenset()
+    #: if set, the only pointwise ops a GEMM/conv epilogue takes (ORT: bias, scale, activation)
+    epilogue_ops: frozenset[str] = frozenset()
 
     def fuses(self, producer_kind: str, consumer_kind: str) -> bool:
         return (producer_kind, consumer_kind) in self.fused_edges
@@ -83,9 +93,12 @@ RUNTIMES: dict[str, RuntimeProfile] = {
     "ort-cuda": RuntimeProfile(
         "ort-cuda", "ONNX Runtime CUDA EP: GEMM bias/activation epilogues, GELU, LayerNorm/SkipLayerNorm, "
                     "RMSNorm and attention fusions; casts are kernels; no CUDA graphs",
-        _edges("gemm>pointwise", "pointwise>pointwise", "pointwise>norm", "pointwise>reduction",
-               "reduction>pointwise", "gemm>softmax", "pointwise>softmax", "softmax>gemm"),
-        fuse_casts=False, max_pointwise=8, max_gemms=2),
+        _edges("gemm>pointwise", "pointwise>pointwise", "pointwise>norm", "gemm>softmax", "pointwise>softmax",
+               "softmax>gemm"),
+        fuse_casts=False, max_pointwise=8, max_gemms=2,
+        pointwise_anchors=frozenset({"erf", "tanh", "sigmoid", "gelu", "swish", "softplus"}),
+        epilogue_ops=frozenset({"add", "mul", "div", "relu", "leaky_relu", "gelu", "sigmoid", "tanh", "swish",
+                                "clip"})),
     "tensorrt": RuntimeProfile(
         "tensorrt", "TensorRT: PointWise fusion, GEMM/conv + bias + activation + residual, norm and MHA "
                     "fusion, precision reformats fused into neighbours",

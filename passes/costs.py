@@ -214,10 +214,22 @@ class OpTimer:
         shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
         return f"{op.canonical}[{shapes}]"
 
+    def cast_op_time(self, op: Op, src: str, dst: str) -> float:
+        """A ``Cast`` already in the graph (a converted model priced as it is), by the same
+        rule as ``cast_time``: free inside a fused kernel, traffic where casts fuse, else a kernel."""
+        t = self.graph.tensors[op.inputs[0]]
+        traffic = self.roofline.bytes_time(self.graph.numel(t) * (itemsize(src) + itemsize(dst)))
+        if not self.runtime.fuse_casts:
+            return traffic + self.launch
+        out = self.graph.tensors[op.outputs[0]]
+        inside = self.groups.same_group(t.producer, op.name) and self.internal(out)
+        return 0.0 if inside else traffic
+
     def cast_time(self, t: Tensor, low: str) -> float:
         """What converting ``t`` between FP32 and ``low`` costs on the runtime: nothing inside a
         fused kernel that converts in registers, its traffic where casts fold into a
-        neighbour's kernel, traffic plus a launch where a cast is a kernel of its own. Keyed by
+        neighbour's kernel, traffic plus a launch where a cast is a kernel of its own (twice that
+        where a reader shares the producer's fused kernel, which the cast splits). Keyed by
         the producing port, so the casts pass's renamed graph outputs price the same."""
         key = (t.producer, t.producer_port) if t.producer else t.name
         cached = self._cast_costs.get(key)
@@ -225,6 +237,10 @@ class OpTimer:
             traffic = self.roofline.bytes_time(self.graph.numel(t) * (itemsize(FLOAT32) + itemsize(low)))
             if self.runtime.fuse_casts:
                 cached = 0.0 if self.internal(t) else traffic
+            elif any(self.groups.same_group(t.producer, c) for c, _ in t.consumers):
+                # the cast splits the fused kernel: its own kernel, one more launch, and the
+                # value written and read back (an upper bound when only an outside reader differs)
+                cached = 2 * (traffic + self.launch)
             else:
                 cached = traffic + self.launch
             self._cast_costs[key] = cached
