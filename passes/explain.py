@@ -1,6 +1,6 @@
 """Say why tensor-core work stayed FP32, with the numbers and what would change it.
 
-The report's summary carries the result as ``fp32_tensor_core_why`` (at most three lines,
+The report's summary carries the result as ``fp32_tensor_core_why`` (at most four lines,
 empty when every GEMM/conv FLOP runs in the low dtype); the terminal table prints it first.
 """
 
@@ -37,15 +37,16 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         d_total = energy.total(flipped)[0] - energy.total(plan)[0]
         d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
         saved = energy.memory(plan) - energy.memory(flipped)
-        lines.append(f"{len(kept)} tensor-core ops ({flops / total:.0%} of GEMM/conv FLOPs) FP32 by cost "
-                     f"({timer.runtime.name}, dims {graph.default_dim()}): all-{low} compute {_us(d_op)}, casts "
-                     f"{_us(d_total - d_op)}, net {_us(d_total)}, memory -{saved / 2 ** 20:.2f} MiB")
-        lines.append("would change it: --dim NAME=SIZE (real batch/sequence), --deploy tensorrt|inductor (casts "
-                     "fuse), --objective memory")
+        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
+                     f"GEMM/conv FLOPs")
+        lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
+                     f"-{saved / 2 ** 20:.2f} MiB")
+        lines.append(f"would change it: --dim NAME=SIZE (symbolic dims sized {graph.default_dim()}), --deploy "
+                     "tensorrt|inductor (casts fuse), --objective memory")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
     if ruled:
         flops = sum(timer.flops(op) for op in ruled)
         reason, n = Counter(op.reason for op in ruled).most_common(1)[0]
-        lines.append(f"{len(ruled)} tensor-core ops ({flops / total:.0%} of GEMM/conv FLOPs) FP32 by a rule "
+        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs "
                      f"({n}x: {reason})")
     return "\n".join(lines)
