@@ -23,7 +23,7 @@ from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
 
-__all__ = ["model_inputs"]
+__all__ = ["graph_input_specs", "model_inputs"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
@@ -59,13 +59,10 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
     return found
 
 
-def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2) -> tuple[dict[str, np.ndarray],
-                                                                                     dict[str, str]]:
-    """Feeds for the model's graph inputs and how each was drawn (see module docstring)."""
-    rng = np.random.default_rng(seed)
+def graph_input_specs(model: ModelProto, default_dim: int = 2):
+    """(name, shape, numpy dtype) of each graph input that is not an initializer; symbolic
+    dims take ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
-    rows = _table_rows(model)
-    feeds, how = {}, {}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
@@ -76,7 +73,17 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2) -> t
             raise ConversionError("", f"graph input {inp.name!r}",
                                   f"cannot generate data of type {TensorProto.DataType.Name(tt.elem_type)}; "
                                   "pass --inputs FILE.npz")
-        feeds[inp.name], how[inp.name] = _draw(rng, inp.name.lower(), shape, dtype, rows.get(inp.name))
+        yield inp.name, shape, dtype
+
+
+def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2) -> tuple[dict[str, np.ndarray],
+                                                                                     dict[str, str]]:
+    """Feeds for the model's graph inputs and how each was drawn (see module docstring)."""
+    rng = np.random.default_rng(seed)
+    rows = _table_rows(model)
+    feeds, how = {}, {}
+    for name, shape, dtype in graph_input_specs(model, default_dim):
+        feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
     return feeds, how
 
 

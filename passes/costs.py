@@ -161,11 +161,7 @@ class OpTimer:
 
     def bytes(self, op: Op, dtype: str) -> float:
         """Bytes ``op`` moves across its fusion group's boundary (cached: planning-time graph)."""
-        key = (op.name, dtype)
-        cached = self._bytes.get(key)
-        if cached is None:
-            cached = self._bytes[key] = self._boundary_bytes(op, dtype)
-        return cached
+        return _memo(self._bytes, op, dtype, self._boundary_bytes)
 
     def _boundary_bytes(self, op: Op, dtype: str) -> float:
         row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
@@ -193,11 +189,7 @@ class OpTimer:
         return all(d % 8 == 0 for d in alignment_dims(op, self.graph).values())
 
     def time(self, op: Op, dtype: str) -> float:
-        key = (op.name, dtype)
-        cached = self._times.get(key)
-        if cached is None:
-            cached = self._times[key] = self._time(op, dtype)
-        return cached
+        return _memo(self._times, op, dtype, self._time)
 
     def _time(self, op: Op, dtype: str) -> float:
         if op.canonical == "cast" and op.inserted:
@@ -245,6 +237,14 @@ class OpTimer:
                 cached = traffic + self.launch
             self._cast_costs[key] = cached
         return cached
+
+
+def _memo(cache: dict, op: Op, dtype: str, compute) -> float:
+    key = (op.name, dtype)
+    cached = cache.get(key)
+    if cached is None:
+        cached = cache[key] = compute(op, dtype)
+    return cached
 
 
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
