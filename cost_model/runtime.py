@@ -72,8 +72,9 @@ class RuntimeProfile:
     #: if set, a group of pointwise ops alone (no GEMM, norm or softmax) fuses only when it holds
     #: one of these canonical ops: a pattern fuser (ORT's GELU/FastGelu/Swish), not a general one
     pointwise_anchors: frozenset[str] = frozenset()
-    #: if set, the only pointwise ops a GEMM/conv epilogue takes (ORT: bias, scale, activation)
+    #: if set, the only pointwise ops a GEMM/conv epilogue takes (ORT: bias, then an activation)
     epilogue_ops: frozenset[str] = frozenset()
+    max_epilogue: int = 1 << 30  # pointwise ops a group holding a GEMM/conv may take
 
     def fuses(self, producer_kind: str, consumer_kind: str) -> bool:
         return (producer_kind, consumer_kind) in self.fused_edges
@@ -97,8 +98,8 @@ RUNTIMES: dict[str, RuntimeProfile] = {
                "softmax>gemm"),
         fuse_casts=False, max_pointwise=8, max_gemms=2,
         pointwise_anchors=frozenset({"erf", "tanh", "sigmoid", "gelu", "swish", "softplus"}),
-        epilogue_ops=frozenset({"add", "mul", "div", "relu", "leaky_relu", "gelu", "sigmoid", "tanh", "swish",
-                                "clip"})),
+        epilogue_ops=frozenset({"add", "relu", "leaky_relu", "gelu", "sigmoid", "tanh", "swish", "clip"}),
+        max_epilogue=2),
     "tensorrt": RuntimeProfile(
         "tensorrt", "TensorRT: PointWise fusion, GEMM/conv + bias + activation + residual, norm and MHA "
                     "fusion, precision reformats fused into neighbours",

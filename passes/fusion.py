@@ -144,6 +144,8 @@ def _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtim
             continue
         if pk == "gemm" and runtime.epilogue_ops and op.canonical not in runtime.epilogue_ops:
             continue
+        if k == "pointwise" and gemms[g] and pointwise[g] >= runtime.max_epilogue:
+            continue
         if k == "gemm" and gemms[g] >= runtime.max_gemms:
             continue
         if _convex(graph, op, g, groups, index, first):
