@@ -602,6 +602,10 @@ class Report:
                      f"FP32 {fmt_time(self._total('predicted_time_fp32_s'))} · "
                      f"mixed {fmt_time(self._total('predicted_time_mixed_s'))} · "
                      f"all-FP16 {fmt_time(self._total('predicted_time_all_fp16_s'))}"))
+        if s.get("predicted_memory_fp32_bytes") is not None:  # weights + peak activations (passes/memory.py)
+            mem = [f"{k} {fmt_bytes(s.get(f'predicted_memory_{f}_bytes'))}"
+                   for k, f in (("FP32", "fp32"), ("mixed", "mixed"), ("all-FP16", "all_fp16"))]
+            rows.append(("predicted memory", " · ".join(mem)))
         vs_fp32, vs_fp16 = self._speedups()
         rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
                                  f"{fmt_speedup(vs_fp16)} of all-FP16"))

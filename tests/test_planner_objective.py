@@ -65,3 +65,8 @@ def test_memory_objective_halves_weights_where_time_keeps_fp32():
     assert sm["predicted_memory_mixed_bytes"] < st["predicted_memory_mixed_bytes"]
     assert st["predicted_memory_all_fp16_bytes"] < st["predicted_memory_fp32_bytes"]
     assert "--objective memory" in st["fp32_tensor_core_why"] and not sm["fp32_tensor_core_why"]
+    assert sm["predicted_memory_fp32_bytes"] - sm["predicted_memory_mixed_bytes"] >= 2 * 128 * 128 * 2  # weights
+    from amp_compiler.report import fmt_bytes
+
+    line = next(x for x in by_memory.to_text().splitlines() if "predicted memory" in x)
+    assert f"mixed {fmt_bytes(sm['predicted_memory_mixed_bytes'])}" in line
