@@ -37,7 +37,7 @@ from amp_compiler.registry import ALLOW, CLEAR
 from .base import PLANNERS, Pass, PassResult, PlanContext
 from .costs import OpTimer, PlanEnergy, build_energy
 from .explain import fp32_tensor_core_why
-from .memory import plan_memory
+from .memory import Liveness, plan_memory
 
 #: near-ties: a plan at most this much slower (relative) than the fastest is taken when it
 #: needs less memory (objective "time"); under objective "memory", time breaks ties
@@ -63,15 +63,16 @@ class ConvertPass(Pass):
         _apply(graph, ctx, energy, plan)
         mixed, n_casts, cast_s = energy.total(plan)
         all32 = {u: 0 for u in energy.unit_ops}
-        all_low_time, all_low_memory = predict_all_low(graph, ctx, timer)
+        live = Liveness(graph)
+        all_low_time, all_low_memory = predict_all_low(graph, ctx, timer, live)
         graph.meta["prediction"] = {
             "predicted_time_fp32_s": energy.total(all32)[0],
             "predicted_time_mixed_s": mixed,
             "predicted_time_all_low_s": all_low_time,
             "predicted_casts": n_casts,
             "predicted_cast_time_s": cast_s,
-            "predicted_memory_fp32_bytes": plan_memory(graph, energy, all32),
-            "predicted_memory_mixed_bytes": plan_memory(graph, energy, plan),
+            "predicted_memory_fp32_bytes": plan_memory(graph, energy, all32, live),
+            "predicted_memory_mixed_bytes": plan_memory(graph, energy, plan, live),
             "predicted_memory_all_fp16_bytes": all_low_memory,
             "runtime_profile": timer.runtime.name,
             "fusion_groups": len(timer.groups),
@@ -238,14 +239,15 @@ def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
     return {u: int(any(n in low for n in names)) for u, names in energy.unit_ops.items()}
 
 
-def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> tuple[float, float]:
+def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer,
+                    liveness: Liveness | None = None) -> tuple[float, float]:
     """Predicted (time, memory) with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
     saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
     for op in graph.ops.values():
         op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
     energy = build_energy(graph, ctx, timer)
     all_low = {u: 1 for u in energy.unit_ops}
-    total, memory = energy.total(all_low)[0], plan_memory(graph, energy, all_low)
+    total, memory = energy.total(all_low)[0], plan_memory(graph, energy, all_low, liveness)
     for name, (eligible, unit) in saved.items():
         graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
     return total, memory

@@ -133,6 +133,8 @@ class OpTimer:
         self._times: dict[tuple[str, str], float] = {}
         self._bytes: dict[tuple[str, str], float] = {}
         self._cast_costs: dict[object, float] = {}
+        self._internal: dict[str, bool] = {}
+        self._out_bytes: dict[tuple[str, str], float] = {}
 
     def _group_leaders(self) -> set[str]:
         """The first op of each group that is priced (float data, not a view): it pays the launch."""
@@ -146,10 +148,25 @@ class OpTimer:
         return leaders
 
     def internal(self, t: Tensor) -> bool:
-        """True if ``t`` never reaches memory: produced and read only inside one fusion group."""
-        same = self.groups.same_group
-        return bool(t.producer and t.consumers and not t.is_graph_output
-                    and all(same(t.producer, c) for c, _ in t.consumers))
+        """True if ``t`` never reaches memory: produced and read only inside one fusion group
+        (cached: the graph as planned, before the casts pass rewires readers)."""
+        cached = self._internal.get(t.name)
+        if cached is None:
+            same = self.groups.same_group
+            cached = self._internal[t.name] = bool(t.producer and t.consumers and not t.is_graph_output
+                                                   and all(same(t.producer, c) for c, _ in t.consumers))
+        return cached
+
+    def output_bytes(self, op: Op, dtype: str) -> float:
+        """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""
+        return _memo(self._out_bytes, op, dtype, self._output_bytes)
+
+    def _output_bytes(self, op: Op, dtype: str) -> float:
+        row = self.registry.by_canonical.get(op.canonical) if op.canonical else None
+        if row is not None and row.traffic == "alias":
+            return 0.0
+        return float(sum(self.graph.nbytes(self.graph.tensors[n], dtype)
+                         for n, r in zip(op.outputs, op.output_roles) if n and r == UNIT))
 
     def flops(self, op: Op) -> float:
         cached = self._flops.get(op.name)
@@ -262,7 +279,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.unit_ops[uid] = [op.name]
             energy.time_fp32[uid] = timer.time(op, FLOAT32)
             energy.time_low[uid] = timer.time(op, low)
-            energy.act_fp32[uid], energy.act_low[uid] = _output_bytes(graph, op, FLOAT32), _output_bytes(graph, op, low)
+            energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
         else:
             op.unit = None
             energy.fixed_time += timer.time(op, op.precision or FLOAT32)
@@ -314,15 +331,6 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
                 energy.by_unit[v].append(idx)
     return energy
-
-
-def _output_bytes(graph: PrecisionGraph, op: Op, dtype: str) -> float:
-    """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""
-    if op.canonical and DEFAULT_REGISTRY.by_canonical.get(op.canonical) is not None \
-            and DEFAULT_REGISTRY.by_canonical[op.canonical].traffic == "alias":
-        return 0.0
-    return float(sum(graph.nbytes(graph.tensors[n], dtype) for n, r in zip(op.outputs, op.output_roles)
-                     if n and r == UNIT))
 
 
 def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,

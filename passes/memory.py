@@ -17,53 +17,55 @@ from amp_compiler.registry import DEFAULT_REGISTRY
 
 from .costs import PlanEnergy
 
-__all__ = ["plan_memory"]
+__all__ = ["Liveness", "plan_memory"]
 
 
-def plan_memory(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> float:
+class Liveness:
+    """When each activation is allocated and freed: computed once per graph, priced per plan."""
+
+    def __init__(self, graph: PrecisionGraph) -> None:
+        self.graph = graph
+        ops = [op for op in graph.ops.values() if not op.inserted]
+        position = {op.name: i for i, op in enumerate(ops)}
+        end = len(ops)
+
+        def last_use(name: str, born: int) -> int:
+            t = graph.tensors[name]
+            if t.is_graph_output:
+                return end
+            return max([born, *(position.get(c, end) for c, _ in t.consumers)])
+
+        #: (tensor, allocated before op i, freed after op j)
+        self.spans = [(n, 0, last_use(n, 0)) for n in graph.inputs if graph.tensors[n].kind == GRAPH_INPUT]
+        for i, op in enumerate(ops):
+            row = DEFAULT_REGISTRY.by_canonical.get(op.canonical) if op.canonical else None
+            if row is None or row.traffic != "alias":  # a view holds no storage of its own
+                self.spans += [(n, i, last_use(n, i)) for n in op.outputs if n]
+        self.n_ops = end
+
+    def peak(self, energy: PlanEnergy, plan: dict[int, int]) -> float:
+        graph = self.graph
+        unit_of = {name: u for u, names in energy.unit_ops.items() for name in names}
+        delta = [0.0] * (self.n_ops + 2)
+        for name, born, dies in self.spans:
+            t = graph.tensors[name]
+            dtype = t.dtype
+            if t.producer in unit_of and is_float(dtype):
+                op = graph.ops[t.producer]
+                if op.output_roles and op.output_roles[t.producer_port] == UNIT:
+                    dtype = energy.low if plan[unit_of[t.producer]] else FLOAT32
+            b = float(graph.nbytes(t, dtype))
+            delta[born] += b
+            delta[dies + 1] -= b
+        live = peak = 0.0
+        for d in delta:
+            live += d
+            peak = max(peak, live)
+        return peak
+
+
+def plan_memory(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int],
+                liveness: Liveness | None = None) -> float:
     """Predicted bytes: weights the plan stores plus peak live activations (module docstring)."""
-    return energy.fixed_memory + energy.weight_bytes(plan) + _peak_activations(graph, energy, plan)
-
-
-def _peak_activations(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> float:
-    ops = [op for op in graph.ops.values() if not op.inserted]
-    unit_of = {name: u for u, names in energy.unit_ops.items() for name in names}
-    position = {op.name: i for i, op in enumerate(ops)}
-    end = len(ops)
-
-    def nbytes(name: str) -> float:
-        t = graph.tensors[name]
-        dtype = t.dtype
-        if t.producer in unit_of and is_float(dtype):
-            op = graph.ops[t.producer]
-            if op.output_roles and op.output_roles[t.producer_port] == UNIT:
-                dtype = energy.low if plan[unit_of[t.producer]] else FLOAT32
-        return float(graph.nbytes(t, dtype))
-
-    def last_use(name: str) -> int:
-        t = graph.tensors[name]
-        if t.is_graph_output:
-            return end
-        return max((position.get(c, end) for c, _ in t.consumers), default=-1)
-
-    frees: dict[int, float] = {}
-    live = 0.0
-    for name in graph.inputs:
-        if graph.tensors[name].kind == GRAPH_INPUT:
-            b = nbytes(name)
-            live += b
-            at = max(last_use(name), 0)
-            frees[at] = frees.get(at, 0.0) + b
-    peak = live
-    for i, op in enumerate(ops):
-        row = DEFAULT_REGISTRY.by_canonical.get(op.canonical) if op.canonical else None
-        if row is None or row.traffic != "alias":  # a view holds no storage of its own
-            for name in op.outputs:
-                if name:
-                    b = nbytes(name)
-                    live += b
-                    at = max(last_use(name), i)
-                    frees[at] = frees.get(at, 0.0) + b
-        peak = max(peak, live)
-        live -= frees.pop(i, 0.0)
-    return peak
+    liveness = liveness or Liveness(graph)
+    return energy.fixed_memory + energy.weight_bytes(plan) + liveness.peak(energy, plan)
