@@ -77,22 +77,30 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         progress("import")
     imp = import_model(model, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
+    drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
-        _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype)
+        drawn = _calibrate(model, imp.graph, calibration_inputs, ctx.low_dtype)
     report = run_passes(imp.graph, ctx, source, dim_values)
+    if drawn:
+        report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if progress:
         progress("emit")
     return emit(imp), report
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> None:
+def _calibrate(model: ModelProto, graph, feeds: dict | None, low_dtype: str) -> dict[str, str]:
+    """Mark what the FP32 run shows FP16 cannot hold; returns how default inputs were drawn ({} if given)."""
     from .calibrate import activation_ranges, mark_ranges
     from .input_gen import model_inputs
 
-    ranges = activation_ranges(model, graph, feeds if feeds is not None else model_inputs(model)[0])
+    drawn: dict[str, str] = {}
+    if feeds is None:
+        feeds, drawn = model_inputs(model)
+    ranges = activation_ranges(model, graph, feeds)
     graph.meta["calibrated_unsafe"] = mark_ranges(graph, ranges, low_dtype=low_dtype)
+    return drawn
 
 
 __all__ = ["ConversionError", "convert_onnx"]

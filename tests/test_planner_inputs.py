@@ -53,3 +53,11 @@ def test_cli_deploy_objective_and_how_inputs_were_drawn(tmp_path):
     assert s["inputs_drawn"]["input_ids"].startswith("token ids in [0, 1000)")
     assert s["predicted_memory_mixed_bytes"] <= s["predicted_memory_fp32_bytes"]
     np.testing.assert_array_less(0, [s["predicted_memory_all_fp16_bytes"], s["fusion_groups"]])
+
+
+def test_calibration_without_inputs_draws_them_as_the_model_sees_them():
+    from amp_compiler.onnx_api import convert_onnx
+
+    summary = convert_onnx(_text_model(vocab=1000), calibrate=True)[1].summary
+    assert summary["inputs_drawn"]["input_ids"] == "token ids in [0, 1000) (rows of table)"
+    assert "inputs_drawn" not in convert_onnx(_text_model(vocab=1000))[1].summary
