@@ -23,7 +23,9 @@ Sources, per profile (behaviour as documented by each project):
   (RMSNorm), GELU/FastGelu/BiasGelu, MatMul + Add -> Gemm/FusedMatMul, Conv + activation ->
   FusedConv). It has no general elementwise fuser, and a ``Cast`` node is a kernel of its
   own; its pointwise fusions are patterns anchored on an activation (Erf, Tanh, Sigmoid:
-  GELU, FastGelu, Swish), so a pointwise chain without one stays unfused; CUDA graphs are opt-in (``enable_cuda_graph``), so launches are not amortised.
+  GELU, FastGelu, Swish), so a pointwise chain without one stays unfused; GEMM epilogues are
+  bias then an activation (Gemm, FusedGemm, BiasGelu). CUDA graphs are opt-in
+  (``enable_cuda_graph``), so launches are not amortised.
   *Decomposed* LayerNorm/RMSNorm chains (ReduceMean ... Div, Mul) are left unfused here, on
   purpose: ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then
   builds an ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that
