@@ -9,8 +9,9 @@ actually has in the file** with the planner's own ``cost_model.timer.OpTimer``:
   dtype of its unit ports in the model (a converter that left a Softmax in FP32 pays
   the FP32 time, one that made it FP16 pays the FP16 time);
 * every Cast between two float dtypes present in the model is charged as the
-  planner charges the casts it inserts (``Roofline.cast_time``: pure memory traffic
-  plus a launch);
+  planner charges the casts it inserts (``OpTimer.cast_op_time``: on the ``deploy``
+  runtime's fusion groups, free inside a fused kernel, memory traffic where casts fuse,
+  traffic plus a launch where a cast is a kernel of its own);
 * ops without float data (shape arithmetic, integer casts) are not charged, as in
   the planner's own prediction.
 
@@ -59,8 +60,10 @@ class ModelAnalysis:
 
 
 def analyze_model(model: ModelProto | str | os.PathLike, *, target: str = "h100", default_dim: int = 8,
-                  dim_values: dict[str, int] | None = None, profile=None) -> ModelAnalysis:
-    """Price every op of ``model`` at its actual dtype on ``target``; see the module docstring."""
+                  dim_values: dict[str, int] | None = None, profile=None,
+                  deploy: str = "ort-cuda") -> ModelAnalysis:
+    """Price every op of ``model`` at its actual dtype on ``target``, fused as the ``deploy``
+    runtime fuses (``cost_model/runtime.py``; default as ``convert_onnx``); see the module docstring."""
     from passes import ClassifyPass
     from cost_model.timer import OpTimer
 
@@ -80,7 +83,7 @@ def analyze_model(model: ModelProto | str | os.PathLike, *, target: str = "h100"
                        default_dim=default_dim)
     graph = imp.graph
     graph.set_dim_sizes(default_dim, dim_values)
-    ctx = make_context(target=target, default_dim=default_dim, profile=profile)
+    ctx = make_context(target=target, default_dim=default_dim, profile=profile, runtime=deploy)
     ClassifyPass()(graph, ctx)
     timer = OpTimer(graph, ctx)
     total = cast_time = 0.0
@@ -93,7 +96,7 @@ def analyze_model(model: ModelProto | str | os.PathLike, *, target: str = "h100"
                 continue
             if src != dst:  # an identity cast costs nothing: ONNX Runtime removes it
                 t = graph.tensors[op.inputs[0]]
-                seconds = timer.roofline.cast_time(graph.numel(t), src, dst)
+                seconds = timer.cast_op_time(op, src, dst)
                 total += seconds
                 cast_time += seconds
                 casts += 1

@@ -6,8 +6,8 @@ runs the rewritten graph eagerly, or through inductor with ``options={"backend":
 so the remaining casts fuse into neighbouring kernels.
 
 Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes``,
-``planner``, ``keep_io_types``, ``default_dim``, ``deny_propagation`` -- as for
-``amp_compiler.compile`` --
+``planner``, ``keep_io_types``, ``default_dim``, ``deny_propagation``, ``deploy``,
+``objective`` -- as for ``amp_compiler.compile`` --
 ``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
 requires grad), and ``on_report`` (a callable that receives each graph's ``Report``).
 The last reports are also kept in ``amp_compiler.backend.reports``.
@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
+from cost_model.runtime import default_runtime
+
 from .dtypes import normalize_low_dtype
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights
 from .fx_io.emitter import emit
@@ -41,8 +43,8 @@ from .report import Report
 
 NAME = "amp_compiler"
 _PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
-                 "deny_propagation")
-_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "source"))
+                 "deny_propagation", "objective")
+_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "source", "deploy"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)
 
@@ -66,7 +68,9 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     training = opts.get("training")
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
-    ctx = make_context(dtype=low, training=bool(training), **{k: opts[k] for k in _PLAN_OPTIONS if k in opts})
+    plan_opts = {k: opts[k] for k in _PLAN_OPTIONS if k in opts}
+    plan_opts["runtime"] = opts.get("deploy") or default_runtime("torch", opts.get("backend"))  # what it runs on
+    ctx = make_context(dtype=low, training=bool(training), **plan_opts)
     peaks = {p.name: finite_peak(example_inputs[i]) for i, p in enumerate(placeholders)  # finfo.min masks
              if p.name not in weights and i < len(example_inputs)
              and isinstance(example_inputs[i], torch.Tensor) and beyond_fp16(example_inputs[i])}

@@ -13,6 +13,7 @@ from typing import Callable
 # Only light modules here: --help, --version and bad options must answer without numpy, onnx or
 # onnxruntime (docs/architecture.md, "The CLI"); _run imports them when there is a model to convert.
 from cost_model.devices import DEVICES
+from cost_model.runtime import RUNTIMES
 
 from . import __version__
 from .errors import ConversionError
@@ -104,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TF's rule: an infer op fed by a deny op (Pow, a reduction) through infer/clear ops stays "
                         "FP32 too, so a value of unknown range (an RMSNorm's mean square) is never cast to FP16; "
                         "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
+    p.add_argument("--deploy", default="ort-cuda", choices=list(RUNTIMES),
+                   help="runtime the model will be deployed on, whose kernel fusions and launch costs the cost "
+                        "model prices (default: ort-cuda, ONNX Runtime's CUDA EP; tensorrt and inductor fuse casts "
+                        "into neighbouring kernels)")
+    p.add_argument("--objective", default="time", choices=["time", "memory"],
+                   help="time: fastest predicted plan, near-ties (within 1%%) to the one with less memory "
+                        "(default); memory: least weight+activation memory, time breaks ties")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
     p.add_argument("--default-dim", type=_positive(int), default=8, metavar="N",
@@ -127,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "FP16 ops without a CPU kernel in FP32) or reference (onnx.reference: rounds every op "
                         "to FP16 as a GPU would; slow, for small models)")
     p.add_argument("--inputs", metavar="FILE.npz",
-                   help="inputs for --validate, --fallback and --calibrate (default: seeded random inputs)")
+                   help="inputs for --validate, --fallback and --calibrate (default: seeded inputs drawn as the "
+                        "model sees them: token ids within the embedding table, masks of ones, images in [0, 1], "
+                        "audio in [-1, 1]; the report says how)")
     p.add_argument("--tolerance", type=float, default=1e-2,
                    help="largest max|mixed-fp32|/max|fp32| per output accepted by --validate (default: 0.01)")
     p.add_argument("--dry-run", action="store_true", help="plan and report only; write no model")
@@ -239,7 +249,8 @@ def _run(args: argparse.Namespace) -> int:
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
-                                deny_propagation=args.deny_propagation, annotate=args.annotate)
+                                deny_propagation=args.deny_propagation, annotate=args.annotate,
+                                deploy=args.deploy, objective=args.objective)
     if args.fallback:
         result, _ = convert_with_fallback(convert, original, feeds, args.tolerance, deny_nodes=args.deny_node,
                                           progress=progress, runner=_runner(args))
@@ -257,6 +268,8 @@ def _write_checked(args, result, original, out, feeds, progress) -> int:
     from .atomic import Staging
 
     report = result.report
+    if feeds is not None:
+        report.summary["inputs_drawn"] = args.inputs_drawn  # how the validation/calibration inputs were made
     with Staging() as staging:  # leaving the block removes whatever was not published
         staged = None
         if out is not None:
@@ -276,9 +289,14 @@ def _write_checked(args, result, original, out, feeds, progress) -> int:
 
 
 def _feeds(args, model) -> dict:
-    from .validate import load_inputs, random_inputs
+    from .input_gen import model_inputs
+    from .validate import load_inputs
 
-    return load_inputs(args.inputs, model) if args.inputs else random_inputs(model)
+    if args.inputs:
+        args.inputs_drawn = {"*": f"read from {args.inputs}"}
+        return load_inputs(args.inputs, model)
+    feeds, args.inputs_drawn = model_inputs(model)
+    return feeds
 
 
 def _runner(args):

@@ -9,6 +9,7 @@ from typing import Iterable
 from onnx import ModelProto
 
 from cost_model import load_device
+from cost_model.runtime import default_runtime
 from passes.user_rules import UserRules
 
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
@@ -36,7 +37,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
                  custom_ops: str | os.PathLike | dict | list | None = None,
-                 data_max: float | None = None, annotate: bool = True) -> "ConvertedModel":
+                 data_max: float | None = None, annotate: bool = True,
+                 deploy: str | None = None, objective: str = "time") -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
     ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
@@ -71,6 +73,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ``custom_ops`` (a JSON file path or its dict; ``custom_ops.py``) classifies plugin ops
     (``passes.user_rules``). With calibration, ``data_max`` (AutoCast's) keeps FP32 the ops
     whose activations exceed it (default: half of FP16's maximum).
+    ``deploy``: the runtime the model will run on, whose fusions and launch costs the cost
+    model prices (``cost_model/runtime.py``; default ``"ort-cuda"``, ONNX Runtime's CUDA EP).
+    ``objective``: ``"time"`` (near-ties go to the plan with less memory) or ``"memory"``.
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made
@@ -82,7 +87,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     registry = custom_registry(_custom_rows(custom_ops)) if custom_ops is not None else None
     ctx = make_context(target=load_device(target), dtype=dtype, planner=planner, keep_io_types=keep_io_types,
                        allow=allow, deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,
-                       progress=progress, deny_propagation=deny_propagation)
+                       progress=progress, deny_propagation=deny_propagation,
+                       runtime=deploy or default_runtime("onnx"), objective=objective)
     ctx.registry = registry
     ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
@@ -97,17 +103,21 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         progress("import")
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
+    drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
             progress("calibrate activation ranges on ONNX Runtime")
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
-        _calibrate(model, imp.graph, calibration_inputs)
+        drawn = _calibrate(model, imp.graph, calibration_inputs)
     result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
+    converted = emit(imp, result)
     report = build_report(result)  # after emission: the report describes the emitted model
-    converted = record_modules(emit(imp, result), report)  # the exporter's module paths, for the report's graph
+    record_modules(converted, report)  # the exporter's module paths, for the report's graph
+    if drawn:
+        report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if annotate:
         annotate_model(converted, report)
     return ConvertedModel(converted, report, base_dir)
@@ -120,15 +130,20 @@ def _custom_rows(table) -> list:
     return custom_ops_from_dict(table) if isinstance(table, dict) else load_custom_ops(str(table))
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None) -> None:
-    """Record each activation's calibrated peak; the numerics pass judges it for the target dtype."""
+def _calibrate(model: ModelProto, graph, feeds: dict | None) -> dict[str, str]:
+    """Record each activation's calibrated peak (the numerics pass judges it for the target dtype);
+    returns how default inputs were drawn ({} when the caller gave them)."""
     from .calibrate import activation_ranges
-    from .validate import random_inputs
+    from .input_gen import model_inputs
 
-    ranges = activation_ranges(model, graph, feeds if feeds is not None else random_inputs(model))
+    drawn: dict[str, str] = {}
+    if feeds is None:
+        feeds, drawn = model_inputs(model)
+    ranges = activation_ranges(model, graph, feeds)
     for name, peak in ranges.items():
         if name in graph.tensors:
             graph.tensors[name].calibrated_peak = peak
+    return drawn
 
 
 class ConvertedModel:

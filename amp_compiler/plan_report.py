@@ -82,6 +82,7 @@ def build_report(result: PlanResult) -> Report:
         "target": ctx.target if isinstance(ctx.target, str) else getattr(ctx.target, "name", str(ctx.target)),
         "dtype": ctx.low_dtype, "planner": ctx.planner, "keep_io_types": ctx.keep_io_types,
         "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
+        **_plan_fields(result),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -96,6 +97,20 @@ def build_report(result: PlanResult) -> Report:
     }
     fill_memory(data)  # summary's predicted_memory_* keys, where the planner did not set them
     return Report(data)
+
+
+def _plan_fields(result: PlanResult) -> dict[str, Any]:
+    """What the convert pass computed in one place (``passes/convert.py``), as the summary carries it:
+    the runtime profile, the objective, predicted memory and why tensor-core work stayed FP32."""
+    costs = result.costs
+    if costs is None:
+        return {}
+    pred = costs.prediction
+    return {"runtime_profile": costs.runtime_profile, "objective": costs.objective,
+            "fusion_groups": costs.fusion_groups, "predicted_memory_fp32_bytes": pred.memory_fp32_bytes,
+            "predicted_memory_mixed_bytes": pred.memory_mixed_bytes,
+            "predicted_memory_all_fp16_bytes": pred.memory_all_low_bytes,
+            "fp32_tensor_core_why": costs.fp32_tensor_core_why}
 
 
 def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:

@@ -31,7 +31,7 @@ class OpDef:
 
     canonical: str
     op_class: str
-    flops: str = "elementwise"  # formula name in ``amp_compiler.flops``
+    flops: str = "elementwise"  # formula name in ``cost_model.flops``
     flops_per_element: float = 1.0
     #: memory traffic: "all" (every input read, every output written), "gather" (reads from
     #: input 0 only as many elements as it writes: a lookup in a big table is not a scan of

@@ -38,6 +38,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from cost_model.runtime import default_runtime
+
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
@@ -216,7 +218,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
             dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
-            deny_propagation: bool = False, max_plans: int = DEFAULT_PLAN_LIMIT) -> AmpModule:
+            deny_propagation: bool = False, max_plans: int = DEFAULT_PLAN_LIMIT, deploy: str | None = None,
+            objective: str = "time") -> AmpModule:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
@@ -230,7 +233,9 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
     remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
-    ``convert_onnx``. Raises one ``ConversionError`` naming the module and the construct when
+    ``convert_onnx``. ``deploy`` names the runtime profile the cost model prices (default:
+    ``inductor`` with ``backend="inductor"``, else ``eager``); ``objective`` ``"time"`` or
+    ``"memory"``. Raises one ``ConversionError`` naming the module and the construct when
     neither torch.export nor dynamo can capture the model.
     """
     if backend not in BACKENDS:
@@ -243,7 +248,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
-                profile=profile, deny_propagation=deny_propagation, backend=backend)
+                profile=profile, deny_propagation=deny_propagation, backend=backend,
+                runtime=deploy or default_runtime("torch", backend), objective=objective)
     make_context(**{k: v for k, v in opts.items() if k != "backend"})  # bad options fail before any capture
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})

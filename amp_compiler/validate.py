@@ -6,38 +6,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto
 
 from .errors import ConversionError
 from .metrics import error_stats
-
-_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
-       TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
-       TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_, TensorProto.INT16: np.int16}
 
 
 def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
                   int_high: int = 2) -> dict[str, np.ndarray]:
     """Random feeds for the model's graph inputs: N(0,1) floats, ints in [0, int_high)."""
+    from .input_gen import graph_input_specs
+
     rng = np.random.default_rng(seed)
-    initializers = {i.name for i in model.graph.initializer}
     feeds = {}
-    for inp in model.graph.input:
-        if inp.name in initializers:
-            continue
-        tt = inp.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else default_dim for d in tt.shape.dim]
-        dtype = _NP.get(tt.elem_type)
-        if dtype is None:
-            raise ConversionError("", f"graph input {inp.name!r}",
-                                  f"cannot generate random data of type {TensorProto.DataType.Name(tt.elem_type)}; "
-                                  "pass --inputs FILE.npz")
+    for name, shape, dtype in graph_input_specs(model, default_dim):
         if np.issubdtype(dtype, np.floating):
-            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype is np.bool_:
-            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
+            feeds[name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:
-            feeds[inp.name] = rng.integers(0, int_high, shape).astype(dtype)
+            feeds[name] = rng.integers(0, int_high, shape).astype(dtype)
     return feeds
 
 

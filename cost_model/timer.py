@@ -1,28 +1,35 @@
-"""Predicted time of one IR op in a given precision: FLOPs and traffic priced by the roofline.
+"""Predicted time of one IR op in a given precision, as the deployment runtime runs it.
 
 ``OpTimer`` is the one place op costs come from: the planner's energy (``passes/costs.py``),
-the plan result's per-op costs in the report and the ``analysis`` ruler all read it.
-A measured profile (``ctx.profile``) overrides the roofline per op key.
+the plan result's per-op costs in the report and the ``analysis`` ruler all read it. Each
+op is priced as part of the fusion group the runtime profile runs it in
+(``cost_model/fusion.py``, ``cost_model/runtime.py``): only bytes crossing the group's
+boundary count, and the group's first priced op pays its launch. A measured profile
+(``ctx.profile``) overrides the roofline per op key (docs/architecture.md, "Cost model").
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .dtypes import UNKNOWN_ITEMSIZE, itemsize
 from .flops import misaligned_dims, op_flops
+from .fusion import form_groups, op_kind
 from .roofline import Roofline
-from .traffic import ALL, op_bytes
+from .runtime import get_runtime
+from .traffic import ALIAS, ALL, op_bytes
 
 if TYPE_CHECKING:
     from amp_compiler.ir import Op, PrecisionGraph, Tensor
 
 _FLOAT32 = "float32"
+_UNIT = "unit"  # amp_compiler.ir.UNIT
 
 
 class OpTimer:
     """Per-op FLOPs, bytes and predicted seconds on ``ctx.target`` (cached per op and dtype).
 
-    ``ctx`` is any object with ``target``, ``profile`` and ``registry`` (a ``PlanContext``).
+    ``ctx`` is any object with ``target``, ``profile``, ``registry`` and ``runtime`` (a ``PlanContext``).
     """
 
     def __init__(self, graph: PrecisionGraph, ctx: Any) -> None:
@@ -34,11 +41,51 @@ class OpTimer:
             self.registry = ctx.registry
         self.graph = graph
         self.roofline = Roofline(ctx.target, ctx.profile)
+        self.runtime = get_runtime(getattr(ctx, "runtime", "eager"))
+        self.groups = form_groups(graph, self.runtime, self.registry)
+        self.launch = self.roofline.launch_overhead * self.runtime.launch_scale
+        self._leaders = self._group_leaders()
         self._flops: dict[str, float] = {}
         self._times: dict[tuple[str, str], float] = {}
+        self._bytes: dict[tuple[str, str], float] = {}
+        self._cast_costs: dict[object, float] = {}
+        self._internal: dict[str, bool] = {}
+        self._out_bytes: dict[tuple[str, str], float] = {}
 
     def _row(self, op: Op):
         return self.registry.by_canonical.get(op.canonical) if op.canonical else None
+
+    def _group_leaders(self) -> set[str]:
+        """The first op of each group that is priced (float data, not a view): it pays the launch."""
+        leaders = set()
+        for members in self.groups.members.values():
+            for name in members:
+                op = self.graph.ops[name]
+                if op.has_unit_ports and not op.inserted and op_kind(op, self.registry) != "alias":
+                    leaders.add(name)
+                    break
+        return leaders
+
+    def internal(self, t: Tensor) -> bool:
+        """True if ``t`` never reaches memory: produced and read only inside one fusion group
+        (cached: the graph as planned, before the casts pass rewires readers)."""
+        cached = self._internal.get(t.name)
+        if cached is None:
+            same = self.groups.same_group
+            cached = self._internal[t.name] = bool(t.producer and t.consumers and not t.is_graph_output
+                                                   and all(same(t.producer, c) for c, _ in t.consumers))
+        return cached
+
+    def output_bytes(self, op: Op, dtype: str) -> float:
+        """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""
+        return _memo(self._out_bytes, op, dtype, self._output_bytes)
+
+    def _output_bytes(self, op: Op, dtype: str) -> float:
+        row = self._row(op)
+        if row is not None and row.traffic == ALIAS:
+            return 0.0
+        return float(sum(self.graph.nbytes(self.graph.tensors[n], dtype)
+                         for n, r in zip(op.outputs, op.output_roles) if n and r == _UNIT))
 
     def flops(self, op: Op) -> float:
         cached = self._flops.get(op.name)
@@ -49,34 +96,82 @@ class OpTimer:
         return cached
 
     def bytes(self, op: Op, dtype: str) -> float:
+        """Bytes ``op`` moves across its fusion group's boundary (cached: planning-time graph)."""
+        return _memo(self._bytes, op, dtype, self._boundary_bytes)
+
+    def _boundary_bytes(self, op: Op, dtype: str) -> float:
         row = self._row(op)
-        return op_bytes(op, self.graph, dtype, row.traffic if row else ALL)
+        same, tensors = self.groups.same_group, self.graph.tensors
+
+        def internal(name: str, read: bool) -> bool:  # an intermediate of the fused kernel
+            return same(tensors[name].producer, op.name) if read else self.internal(tensors[name])
+
+        return op_bytes(op, self.graph, dtype, row.traffic if row else ALL, internal)
 
     def aligned(self, op: Op, dtype: str) -> bool:
         return not misaligned_dims(op, self.graph, dtype)
 
     def time(self, op: Op, dtype: str) -> float:
-        key = (op.name, dtype)
-        cached = self._times.get(key)
-        if cached is None:
-            cached = self._times[key] = self._time(op, dtype)
-        return cached
+        return _memo(self._times, op, dtype, self._time)
 
     def _time(self, op: Op, dtype: str) -> float:
         if op.canonical == "cast" and op.inserted:
             t = self.graph.tensors[op.inputs[0]]
             return self.roofline.cast_time(self.graph.numel(t), t.dtype or _FLOAT32, dtype)
-        return self.roofline.op_time(
+        kernel = self.roofline.op_time(
             flops=self.flops(op), bytes_moved=self.bytes(op, dtype), dtype=dtype,
             tensor_core=op.tensor_core, aligned=self.aligned(op, dtype) if op.tensor_core else True,
             key=self.profile_key(op) if self.roofline.profile is not None else None)
+        launch = self.launch if op.name in self._leaders else 0.0
+        return max(kernel - self.roofline.launch_overhead, 0.0) + launch
 
     def profile_key(self, op: Op) -> str:
         shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
         return f"{op.canonical}[{shapes}]"
 
+    def _traffic(self, t: Tensor, src: str, dst: str) -> float:
+        return self.roofline.bytes_time(self.graph.numel(t) * (itemsize(src, UNKNOWN_ITEMSIZE)
+                                                               + itemsize(dst, UNKNOWN_ITEMSIZE)))
+
+    def cast_op_time(self, op: Op, src: str, dst: str) -> float:
+        """A ``Cast`` already in the graph (a converted model priced as it is), by the same
+        rule as ``cast_time``: free inside a fused kernel, traffic where casts fuse, else a kernel."""
+        t = self.graph.tensors[op.inputs[0]]
+        traffic = self._traffic(t, src, dst)
+        if not self.runtime.fuse_casts:
+            return traffic + self.launch
+        out = self.graph.tensors[op.outputs[0]]
+        inside = self.groups.same_group(t.producer, op.name) and self.internal(out)
+        return 0.0 if inside else traffic
+
     def cast_time(self, t: Tensor, low: str) -> float:
-        return self.roofline.cast_time(self.graph.numel(t), _FLOAT32, low)
+        """What converting ``t`` between FP32 and ``low`` costs on the runtime: nothing inside a
+        fused kernel that converts in registers, its traffic where casts fold into a
+        neighbour's kernel, traffic plus a launch where a cast is a kernel of its own (twice that
+        where a reader shares the producer's fused kernel, which the cast splits). Keyed by
+        the producing port, so the casts pass's renamed graph outputs price the same."""
+        key = (t.producer, t.producer_port) if t.producer else t.name
+        cached = self._cast_costs.get(key)
+        if cached is None:
+            traffic = self._traffic(t, _FLOAT32, low)
+            if self.runtime.fuse_casts:
+                cached = 0.0 if self.internal(t) else traffic
+            elif any(self.groups.same_group(t.producer, c) for c, _ in t.consumers):
+                # the cast splits the fused kernel: its own kernel, one more launch, and the
+                # value written and read back (an upper bound when only an outside reader differs)
+                cached = 2 * (traffic + self.launch)
+            else:
+                cached = traffic + self.launch
+            self._cast_costs[key] = cached
+        return cached
+
+
+def _memo(cache: dict, op: Op, dtype: str, compute) -> float:
+    key = (op.name, dtype)
+    cached = cache.get(key)
+    if cached is None:
+        cached = cache[key] = compute(op, dtype)
+    return cached
 
 
 __all__ = ["OpTimer"]

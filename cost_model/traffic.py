@@ -7,7 +7,7 @@ moves. Ports with role ``unit`` are sized in the dtype being costed, others in t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .dtypes import UNKNOWN_ITEMSIZE, itemsize
 
@@ -18,14 +18,16 @@ ALL, GATHER, ALIAS = "all", "gather", "alias"
 _UNIT = "unit"  # amp_compiler.ir.UNIT (not imported: the cost model does not depend on the IR module)
 
 
-def op_bytes(op: Op, graph: PrecisionGraph, dtype: str, traffic: str = ALL) -> float:
-    """Bytes ``op`` reads and writes when its unit ports are in ``dtype``."""
+def op_bytes(op: Op, graph: PrecisionGraph, dtype: str, traffic: str = ALL,
+             internal: Callable[[str, bool], bool] | None = None) -> float:
+    """Bytes ``op`` reads and writes when its unit ports are in ``dtype``; ``internal(tensor, read)``
+    says which tensors never reach memory (intermediates of a fused kernel: ``cost_model/fusion.py``)."""
     if traffic == ALIAS:
         return 0.0
     total = 0
-    for names, roles in ((op.inputs, op.input_roles), (op.outputs, op.output_roles)):
+    for names, roles, read in ((op.inputs, op.input_roles, True), (op.outputs, op.output_roles, False)):
         for name, role in zip(names, roles):
-            if name:
+            if name and not (internal and internal(name, read)):
                 t = graph.tensors[name]
                 total += graph.nbytes(t, dtype if role == _UNIT else t.dtype)
     if traffic == GATHER and op.inputs and op.inputs[0] and op.outputs and op.outputs[0]:

@@ -1,7 +1,7 @@
 """The passes of amp-compiler, in pipeline order, and the pass manager that runs them."""
 
 from .align import AlignPass
-from .base import PLANNERS, Pass, PassError, PassManager, PassRecord, PassResult, PlanContext
+from .base import OBJECTIVES, PLANNERS, Pass, PassError, PassManager, PassRecord, PassResult, PlanContext
 from .casts import CastPass
 from .classify import ClassifyPass
 from .convert import ConvertPass
@@ -16,6 +16,7 @@ def default_passes() -> list[Pass]:
 
 
 __all__ = [
-    "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError", "NumericsPass",
-    "PassManager", "PassRecord", "PassResult", "PlanContext", "PlanResult", "PropagatePass", "default_passes",
+    "OBJECTIVES", "PLANNERS", "AlignPass", "CastPass", "ClassifyPass", "ConvertPass", "Pass", "PassError",
+    "NumericsPass", "PassManager", "PassRecord", "PassResult", "PlanContext", "PlanResult", "PropagatePass",
+    "default_passes",
 ]

@@ -76,6 +76,10 @@ def snapshot(graph: PrecisionGraph, *fields: str) -> list[tuple]:
     return [tuple(getattr(op, f) for f in fields) for op in graph.ops.values()]
 
 
+#: what the planner minimises first: predicted ``time`` (near-ties within ``TIE_TOLERANCE`` go to
+#: the plan with less memory) or ``memory`` (weights plus activations; time breaks ties)
+OBJECTIVES = ("time", "memory")
+
 #: planner names: ``optimal`` (min-cut over op and cast costs), ``greedy`` (TF-style painter),
 #: ``all`` (every op that may legally and safely take the low dtype does, whatever the cost)
 PLANNERS = ("optimal", "greedy", "all")
@@ -96,6 +100,8 @@ class PlanContext:
     deny_nodes: frozenset[str] = frozenset()  # op names kept FP32
     force_low_nodes: frozenset[str] = frozenset()  # op names forced to the low dtype if legal
     default_dim: int = 8  # value for symbolic dims in cost estimates
+    runtime: str = "eager"  # deployment runtime profile (cost_model/runtime.py): what fuses, what a launch costs
+    objective: str = "time"  # one of OBJECTIVES
     profile: Any = None  # cost_model.MeasuredProfile or None
     registry: Any = None  # amp_compiler.registry.Registry; None = the default
     progress: Callable[[str], None] | None = None

@@ -36,8 +36,14 @@ from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
+from .explain import fp32_tensor_core_why
+from .memory import Liveness, plan_memory
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
+
+#: near-ties: a plan at most this much slower (relative) than the fastest is taken when it
+#: needs less memory (objective "time"); under objective "memory", time breaks ties
+TIE_TOLERANCE = 0.01
 
 _SOURCE, _SINK = 0, 1
 
@@ -56,7 +62,7 @@ class ConvertPass(Pass):
         if ctx.planner == "greedy":
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
-            plan = solve_mincut(energy)
+            plan = solve_objective(energy, ctx.objective)
         elif ctx.planner == "all":
             plan = {u: 1 for u in energy.unit_ops}
         else:
@@ -65,21 +71,57 @@ class ConvertPass(Pass):
         _apply(graph, ctx, energy, plan)
         note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
-        all_fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
-        prediction = Prediction(all_fp32, mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
+        all32 = {u: 0 for u in energy.unit_ops}
+        live = Liveness(graph)
+        all_low_time, all_low_memory = predict_all_low(graph, ctx, timer, live)
+        prediction = Prediction(energy.total(all32)[0], mixed, all_low_time, n_casts, cast_s,
+                                memory_fp32_bytes=plan_memory(graph, energy, all32, live),
+                                memory_mixed_bytes=plan_memory(graph, energy, plan, live),
+                                memory_all_low_bytes=all_low_memory)
+        why = fp32_tensor_core_why(graph, ctx, energy, plan, timer)
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
                           f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
-                          f"({ctx.planner}), {n_casts} casts planned", Costs(prediction, timer))
+                          f"({ctx.planner}), {n_casts} casts planned",
+                          Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why))
 
 
-def solve_mincut(energy: PlanEnergy) -> dict[int, int]:
-    """Exact minimum of the plan energy by one s-t minimum cut (scipy's C max-flow)."""
+def solve_objective(energy: PlanEnergy, objective: str = "time") -> dict[int, int]:
+    """The plan for ``objective`` (``docs/architecture.md``, "The objective").
+
+    ``time``: the exact time minimum ``T*``; then one more cut of ``time + mu * memory`` with
+    ``mu = TIE_TOLERANCE * T* / M_fp32``, kept only if its time is within ``(1 + TIE_TOLERANCE)
+    T*`` (and never above all-FP32) and it needs less memory. ``memory``: the exact minimum of
+    ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32`` (time breaks ties).
+    """
+    if not energy.unit_ops:
+        return {}
+    all32 = {u: 0 for u in energy.unit_ops}
+    t32, m32 = energy.total(all32)[0], energy.memory(all32)
+    if objective == "memory":
+        nu = TIE_TOLERANCE * m32 / t32 if t32 > 0 else 0.0
+        return solve_mincut(energy, time_weight=nu, mem_weight=1.0)
+    best = solve_mincut(energy)
+    t_best = energy.total(best)[0]
+    if m32 <= 0 or t_best <= 0:
+        return best
+    tie = solve_mincut(energy, mem_weight=TIE_TOLERANCE * t_best / m32)
+    t_tie = energy.total(tie)[0]
+    if t_tie <= min(t_best * (1 + TIE_TOLERANCE), t32) and energy.memory(tie) < energy.memory(best):
+        return tie
+    return best
+
+
+def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
+    """Exact minimum of ``time_weight * time + mem_weight * memory`` by one s-t minimum cut
+    (scipy's C max-flow); every term is submodular, so the cut is exact."""
     if not energy.unit_ops:
         return {}
     units = list(energy.unit_ops)
     index = {u: i + 2 for i, u in enumerate(units)}  # 0 = source (FP32 side), 1 = sink (low side)
-    n_nodes = 2 + len(units) + 2 * len(energy.terms)
+    mem_terms = energy.mem_terms if mem_weight > 0 else []
+    n_choose = sum(1 for t in energy.terms if t.producer[0] == "choose")
+    n_nodes = 2 + len(units) + 2 * len(energy.terms) + 2 * len(mem_terms) + n_choose
     rows: list[int] = []
     cols: list[int] = []
     caps: list[float] = []
@@ -91,18 +133,34 @@ def solve_mincut(energy: PlanEnergy) -> dict[int, int]:
             cols.append(b)
             caps.append(cap)
 
+    tw, mw = time_weight, mem_weight
     for u in units:
-        add(_SOURCE, index[u], energy.time_low[u])
-        add(index[u], _SINK, energy.time_fp32[u])
+        add(_SOURCE, index[u], tw * energy.time_low[u] + mw * energy.act_low[u])
+        add(index[u], _SINK, tw * energy.time_fp32[u] + mw * energy.act_fp32[u])
     aux = 2 + len(units)
+    for m in mem_terms:  # mw * (bytes_low * [some reader low] + bytes_fp32 * [some reader FP32])
+        a, b = aux, aux + 1
+        aux += 2
+        add(_SOURCE, a, mw * m.bytes_low)
+        add(b, _SINK, mw * m.bytes_fp32)
+        for ckind, cv in m.consumers:
+            if ckind == "var":
+                add(a, index[cv], inf)
+                add(index[cv], b, inf)
+            elif cv == 1:
+                add(a, _SINK, inf)
+            else:
+                add(_SOURCE, b, inf)
     for term in energy.terms:
         a, b = aux, aux + 1
         aux += 2
         kind, p = term.producer
-        c = term.cast_cost
-        if kind == "var":
-            add(index[p], a, c)  # producer FP32, some consumer low
-            add(b, index[p], c)  # producer low, some consumer FP32
+        c = tw * term.cast_cost
+        if kind in ("var", "choose"):
+            node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
+            aux += kind == "choose"
+            add(node, a, c)  # producer FP32, some consumer low
+            add(b, node, c)  # producer low, some consumer FP32
         elif p == 0:
             add(_SOURCE, a, c)
         else:
@@ -128,8 +186,10 @@ def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: l
     cap = np.asarray(caps, dtype=np.float64)
     finite = cap >= 0
     total = float(cap[finite].sum()) or 1.0
-    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int32)
+    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int64)
     graph = csr_matrix((scaled, (np.asarray(rows), np.asarray(cols))), shape=(n_nodes, n_nodes))
+    graph.sum_duplicates()  # repeated edges add up: in int64, then capped, so two "infinite" edges
+    graph.data = np.minimum(graph.data, 2 ** 30).astype(np.int32)  # never wrap around to a negative
     flow = maximum_flow(graph, _SOURCE, _SINK).flow
     residual = (graph - flow).tocsr()
     residual.data[residual.data < 0] = 0
@@ -180,16 +240,18 @@ def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
     return {u: int(any(n in low for n in names)) for u, names in energy.unit_ops.items()}
 
 
-def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
-    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
+def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer,
+                    liveness: Liveness | None = None) -> tuple[float, float]:
+    """Predicted (time, memory) with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
     saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
     for op in graph.ops.values():
         op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
     energy = build_energy(graph, ctx, timer)
-    total = energy.total({u: 1 for u in energy.unit_ops})[0]
+    all_low = {u: 1 for u in energy.unit_ops}
+    total, memory = energy.total(all_low)[0], plan_memory(graph, energy, all_low, liveness)
     for name, (eligible, unit) in saved.items():
         graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
-    return total
+    return total, memory
 
 
 def _fmt_us(seconds: float) -> str:

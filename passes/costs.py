@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amp_compiler.dtypes import FLOAT32, is_float
-from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, UNIT, PrecisionGraph, Tensor
+from amp_compiler.dtypes import FLOAT32, is_float, itemsize
+from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
 
 from .base import PlanContext
@@ -21,7 +21,9 @@ from .user_rules import runtime_cast
 
 __all__ = ["Endpoint", "OpTimer", "PlanEnergy", "TensorTerm", "build_energy"]  # OpTimer: from cost_model.timer
 
-#: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None)
+#: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None) (a constant:
+#: stored in whatever dtype each reader wants) | ("choose", None) (a graph input without
+#: keep_io_types: it takes the dtype its readers agree on, else it is cast once)
 Endpoint = tuple[str, int | None]
 
 
@@ -30,6 +32,17 @@ class TensorTerm:
     tensor: str
     cast_cost: float
     producer: Endpoint
+    consumers: list[Endpoint]
+
+
+@dataclass
+class MemoryTerm:
+    """A constant's storage: one copy per dtype its readers use (FP32 copy if any reads FP32,
+    low copy if any reads low). Both indicators are submodular (``docs/architecture.md``)."""
+
+    tensor: str
+    bytes_fp32: float
+    bytes_low: float
     consumers: list[Endpoint]
 
 
@@ -43,6 +56,11 @@ class PlanEnergy:
     fixed_time: float  # ops outside the eligible region, at their fixed precision
     terms: list[TensorTerm]
     by_unit: dict[int, list[int]] = field(default_factory=dict)  # unit -> indices of terms touching it
+    forbidden_low: set[int] = field(default_factory=set)  # units that may not go low (all-low ruler)
+    mem_terms: list[MemoryTerm] = field(default_factory=list)  # weights read by units
+    act_fp32: dict[int, float] = field(default_factory=dict)  # bytes a unit's outputs hold in FP32
+    act_low: dict[int, float] = field(default_factory=dict)  # ... and in the low dtype
+    fixed_memory: float = 0.0  # weights whose dtype no plan changes
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -51,6 +69,9 @@ class PlanEnergy:
         return v if kind == "fixed" else None
 
     def term_cost(self, term: TensorTerm, plan: dict[int, int]) -> float:
+        if term.producer[0] == "choose":
+            used = {self.value(c, plan) for c in term.consumers}
+            return term.cast_cost if {0, 1} <= used else 0.0
         src = self.value(term.producer, plan)
         if src is None:
             return 0.0  # constants are stored in whatever dtype their consumers want
@@ -66,6 +87,19 @@ class PlanEnergy:
         casts = [self.term_cost(t, plan) for t in self.terms]
         cast_time = sum(casts)
         return ops + cast_time, sum(1 for c in casts if c), cast_time
+
+    def weight_bytes(self, plan: dict[int, int]) -> float:
+        """Bytes of the stored weights the plan's units read (one copy per dtype in use)."""
+        total = 0.0
+        for m in self.mem_terms:
+            used = {self.value(c, plan) for c in m.consumers}
+            total += m.bytes_fp32 * (0 in used) + m.bytes_low * (1 in used)
+        return total
+
+    def memory(self, plan: dict[int, int]) -> float:
+        """The memory objective: weights plus the unit outputs' bytes (a modular activation proxy)."""
+        act = sum(self.act_low[u] if plan[u] else self.act_fp32[u] for u in self.unit_ops)
+        return self.fixed_memory + self.weight_bytes(plan) + act
 
     def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
         """(change in op time, change in cast time) if ``unit`` alone switched precision."""
@@ -95,6 +129,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.unit_ops[uid] = [op.name]
             energy.time_fp32[uid] = timer.time(op, FLOAT32)
             energy.time_low[uid] = timer.time(op, low)
+            energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
         else:
             op.unit = None
             energy.fixed_time += timer.time(op, op.precision or FLOAT32)
@@ -113,7 +148,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
-            return ("free", None)
+            return ("choose", None)
         return ("fixed", code(t.dtype))
 
     for t in graph.float_tensors():
@@ -131,11 +166,14 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
                 ends.append(("fixed", code(t.dtype)))
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
             ends.append(("fixed", code(t.dtype)))
+        ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
         prod = producer_end(t)
+        if t.kind in (CONSTANT, PARAMETER) and ends:
+            _weight_memory(graph, energy, t, prod, ends, low)
         if not ends or prod[0] == "free":
             continue
-        if prod[0] == "fixed" and all(e[0] == "fixed" for e in ends):
-            if any(e[1] != prod[1] for e in ends):
+        if prod[0] in ("fixed", "choose") and all(e[0] == "fixed" for e in ends):
+            if any(e[1] != (prod[1] if prod[0] == "fixed" else ends[0][1]) for e in ends):
                 energy.fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
             continue
         idx = len(energy.terms)
@@ -144,3 +182,33 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
                 energy.by_unit[v].append(idx)
     return energy
+
+
+def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,
+                   ends: list[Endpoint], low: str) -> None:
+    """A constant is stored once per dtype its readers want; a parameter stays FP32 (the master)."""
+    numel = graph.numel(t)
+    b32, blow = float(numel * itemsize(FLOAT32)), float(numel * itemsize(low))
+    if prod[0] != "free":
+        energy.fixed_memory += graph.nbytes(t)
+    elif all(e[0] == "fixed" for e in ends):
+        used = {e[1] for e in ends}
+        energy.fixed_memory += b32 * (0 in used) + blow * (1 in used)
+    else:
+        energy.mem_terms.append(MemoryTerm(t.name, b32, blow, ends))
+
+
+def realised_time(graph: PrecisionGraph, timer: OpTimer, low: str) -> tuple[float, int]:
+    """(predicted time, casts) of the graph *after* the casts pass, priced op by op: each op
+    at its precision, each FP32<->low cast it holds at ``timer.cast_time`` of the value it
+    converts. Equal to the plan's energy when the realised casts are those the energy charged."""
+    total, casts = 0.0, 0
+    for op in graph.ops.values():
+        if op.inserted and op.canonical == "cast":
+            src = graph.tensors[op.inputs[0]]
+            if {src.dtype, graph.tensors[op.outputs[0]].dtype} == {FLOAT32, low}:
+                total += timer.cast_time(src, low)
+                casts += 1
+        elif op.has_unit_ports and not op.inserted:
+            total += timer.time(op, op.precision or FLOAT32)
+    return total, casts

@@ -33,14 +33,24 @@ class Prediction:
     all_low_s: float
     casts: int  # casts the chosen plan pays for
     cast_s: float
+    #: predicted memory (weights stored plus peak live activations) of the same three plans
+    memory_fp32_bytes: int = 0
+    memory_mixed_bytes: int = 0
+    memory_all_low_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class Costs:
-    """The convert pass's product: the prediction and the op timer that priced it (per-op costs)."""
+    """The convert pass's product: the prediction, the op timer that priced it (per-op costs), the
+    runtime profile and fusion groups it priced for, the objective, and why tensor-core work
+    stayed FP32 (lines for the report's top; empty when none did)."""
 
     prediction: Prediction
     timer: OpTimer
+    runtime_profile: str = "eager"
+    fusion_groups: int = 0
+    objective: str = "time"
+    fp32_tensor_core_why: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ def render_text(report, max_rows: int | None = 60) -> str:
     # header
     title = trunc_end(clean(report.title()), W)
     out += [title, "═" * display_width(title)]
+    for line in (s.get("fp32_tensor_core_why") or "").splitlines():  # why GEMM/conv work stayed FP32
+        out.append(trunc_end("! " + clean(line), W))
     out.append(trunc_end(
         f"target {clean(s.get('target') or '—')} · dtype {clean(s.get('dtype') or '—')}"
         f" · planner {clean(s.get('planner') or '—')}", W))
@@ -46,6 +48,10 @@ def render_text(report, max_rows: int | None = 60) -> str:
                  f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · "
                  f"mixed {fmt_time(s.get('predicted_time_mixed_s'))} · "
                  f"all-FP16 {fmt_time(s.get('predicted_time_all_fp16_s'))}"))
+    if s.get("predicted_memory_fp32_bytes") is not None:  # weights + peak activations (passes/memory.py)
+        mem = [f"{k} {fmt_bytes(s.get(f'predicted_memory_{f}_bytes'))}"
+               for k, f in (("FP32", "fp32"), ("mixed", "mixed"), ("all-FP16", "all_fp16"))]
+        rows.append(("predicted memory", " · ".join(mem)))
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
     rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
                              f"{fmt_speedup(vs_fp16)} of all-FP16"))

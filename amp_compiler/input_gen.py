@@ -1,0 +1,107 @@
+"""Default inputs for validation and calibration, drawn the way the model will see them.
+
+N(0, 1) floats and integers in {0, 1} say little: an image model whose logits reach 1e5
+on N(0, 1) "images" fails validation it passes on real ones, and token id 1 exercises one
+row of an embedding table. Each graph input is drawn by what reads it and what it is
+called (``docs/architecture.md``, "Validation inputs"):
+
+* integers read as Gather indices of a constant table: token ids uniform in [0, rows);
+* ``*mask*`` inputs (integer, bool or float): ones; ``token_type_ids``: zeros;
+  ``position_ids``: 0, 1, 2, ... along the last axis;
+* floats of rank 4 or named ``pixel*``/``image*``: images in [0, 1];
+* floats named ``audio*``/``input_values``/``wav*``/``input_features``: audio (or its
+  normalised log-mel features) in [-1, 1];
+* other floats N(0, 1), other integers in {0, 1}.
+
+``model_inputs`` returns the feeds and, per input, how it was drawn (the report carries it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, TensorProto
+
+from .errors import ConversionError
+
+__all__ = ["graph_input_specs", "model_inputs"]
+
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
+       TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
+       TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_,
+       TensorProto.INT16: np.int16}
+_PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
+_AUDIO = ("audio", "input_values", "wav", "input_features")
+
+
+def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
+    """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table."""
+    tables = {i.name: (i.dims[0] if i.dims else 0) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
+            tables[node.output[0]] = node.attribute[0].t.dims[0]
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for port, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, port))
+    found = {}
+    for inp in model.graph.input:
+        frontier, seen = [inp.name], set()
+        while frontier:
+            name = frontier.pop()
+            seen.add(name)
+            for node, port in readers.get(name, ()):
+                if node.op_type == "Gather" and port == 1 and node.input[0] in tables and tables[node.input[0]]:
+                    rows, table = tables[node.input[0]], node.input[0]
+                    if inp.name not in found or rows < found[inp.name][0]:
+                        found[inp.name] = (rows, table)
+                elif node.op_type in _PASS_THROUGH and port == 0:
+                    frontier.extend(o for o in node.output if o not in seen)
+    return found
+
+
+def graph_input_specs(model: ModelProto, default_dim: int = 2):
+    """(name, shape, numpy dtype) of each graph input that is not an initializer; symbolic
+    dims take ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
+    initializers = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        tt = inp.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else default_dim for d in tt.shape.dim]
+        dtype = _NP.get(tt.elem_type)
+        if dtype is None:
+            raise ConversionError("", f"graph input {inp.name!r}",
+                                  f"cannot generate data of type {TensorProto.DataType.Name(tt.elem_type)}; "
+                                  "pass --inputs FILE.npz")
+        yield inp.name, shape, dtype
+
+
+def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2) -> tuple[dict[str, np.ndarray],
+                                                                                     dict[str, str]]:
+    """Feeds for the model's graph inputs and how each was drawn (see module docstring)."""
+    rng = np.random.default_rng(seed)
+    rows = _table_rows(model)
+    feeds, how = {}, {}
+    for name, shape, dtype in graph_input_specs(model, default_dim):
+        feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
+    return feeds, how
+
+
+def _draw(rng, name: str, shape: list[int], dtype, table) -> tuple[np.ndarray, str]:
+    if "mask" in name:
+        return np.ones(shape, dtype), "mask of ones"
+    if np.issubdtype(dtype, np.floating):
+        if any(key in name for key in _AUDIO):
+            return rng.uniform(-1, 1, shape).astype(dtype), "audio in [-1, 1]"
+        if len(shape) == 4 or name.startswith(("pixel", "image", "img")):
+            return rng.uniform(0, 1, shape).astype(dtype), "images in [0, 1]"
+        return rng.standard_normal(shape).astype(dtype), "N(0, 1)"
+    if dtype is np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_), "random booleans"
+    if "token_type" in name:
+        return np.zeros(shape, dtype), "zeros (one segment)"
+    if "position" in name and shape:
+        return np.broadcast_to(np.arange(shape[-1]), shape).astype(dtype), "positions 0, 1, 2, ..."
+    if table is not None:
+        return rng.integers(0, table[0], shape).astype(dtype), f"token ids in [0, {table[0]}) (rows of {table[1]})"
+    return rng.integers(0, 2, shape).astype(dtype), "integers in {0, 1}"

@@ -1,0 +1,52 @@
+"""Say why tensor-core work stayed FP32, with the numbers and what would change it.
+
+The report's summary carries the result as ``fp32_tensor_core_why`` (at most four lines,
+empty when every GEMM/conv FLOP runs in the low dtype); the terminal table prints it first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from amp_compiler.dtypes import FLOAT32, short
+from amp_compiler.ir import PrecisionGraph
+
+from .base import PlanContext
+from .costs import OpTimer, PlanEnergy
+
+__all__ = ["fp32_tensor_core_why"]
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:+.1f} µs"
+
+
+def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int],
+                         timer: OpTimer) -> str:
+    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none."""
+    tc = [op for op in graph.ops.values() if op.tensor_core and not op.inserted]
+    total = sum(timer.flops(op) for op in tc)
+    if total <= 0:
+        return ""
+    low = short(ctx.low_dtype)
+    lines = []
+    kept = [u for u, names in energy.unit_ops.items() if not plan.get(u) and graph.ops[names[0]].tensor_core]
+    if kept:
+        flops = sum(timer.flops(graph.ops[n]) for u in kept for n in energy.unit_ops[u])
+        flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
+        d_total = energy.total(flipped)[0] - energy.total(plan)[0]
+        d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
+        saved = energy.memory(plan) - energy.memory(flipped)
+        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
+                     f"GEMM/conv FLOPs")
+        lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
+                     f"-{saved / 2 ** 20:.2f} MiB")
+        lines.append(f"would change it: --dim NAME=SIZE (symbolic dims sized {graph.default_dim()}), --deploy "
+                     "tensorrt|inductor (casts fuse), --objective memory")
+    ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
+    if ruled:
+        flops = sum(timer.flops(op) for op in ruled)
+        reason, n = Counter(op.reason for op in ruled).most_common(1)[0]
+        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs "
+                     f"({n}x: {reason})")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""Validation inputs drawn the way the model sees them, and the CLI's planning flags."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from tests.builders import fin, model, weight
+from amp_compiler.cli import main  # noqa: E402  isort: skip
+from amp_compiler.input_gen import model_inputs  # noqa: E402  isort: skip
+
+
+def _text_model(vocab=1000, d=64):
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["emb"], name="lookup"),
+             helper.make_node("Cast", ["attention_mask"], ["m"], name="mask_cast", to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["m", "axes"], ["m3"], name="unsq"),
+             helper.make_node("Mul", ["emb", "m3"], ["h"], name="masked"),
+             helper.make_node("MatMul", ["h", "W"], ["y"], name="proj")]
+    inits = [weight("table", vocab, d), weight("W", d, d), helper.make_tensor("axes", TensorProto.INT64, [1], [2])]
+    return model(nodes, [fin("input_ids", 2, 64, dtype=TensorProto.INT64),
+                         fin("attention_mask", 2, 64, dtype=TensorProto.INT64)], [fin("y", 2, 64, d)], inits)
+
+
+def test_token_ids_span_the_embedding_table_and_masks_are_ones():
+    feeds, how = model_inputs(_text_model(vocab=1000))
+    ids = feeds["input_ids"]
+    assert ids.min() >= 0 and ids.max() < 1000 and ids.max() > 500  # the whole table, not {0, 1}
+    assert (feeds["attention_mask"] == 1).all()
+    assert how == {"input_ids": "token ids in [0, 1000) (rows of table)", "attention_mask": "mask of ones"}
+
+
+def test_images_in_unit_range_and_audio_in_plus_minus_one():
+    nodes = [helper.make_node("Relu", ["pixel_values"], ["a"], name="r"),
+             helper.make_node("Relu", ["input_values"], ["b"], name="s")]
+    m = model(nodes, [fin("pixel_values", 2, 3, 8, 8), fin("input_values", 2, 1600)],
+              [fin("a", 2, 3, 8, 8), fin("b", 2, 1600)])
+    feeds, how = model_inputs(m)
+    assert 0 <= feeds["pixel_values"].min() and feeds["pixel_values"].max() <= 1
+    assert -1 <= feeds["input_values"].min() < -0.5 and 0.5 < feeds["input_values"].max() <= 1
+    assert how["pixel_values"] == "images in [0, 1]" and how["input_values"] == "audio in [-1, 1]"
+
+
+def test_cli_deploy_objective_and_how_inputs_were_drawn(tmp_path):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_text_model().SerializeToString())
+    out = tmp_path / "r.json"
+    assert main([str(src), "--dry-run", "--validate", "--deploy", "tensorrt", "--objective", "memory",
+                 "--report", str(out), "-q"]) == 0
+    s = json.loads(out.read_text())["summary"]
+    assert s["runtime_profile"] == "tensorrt" and s["objective"] == "memory"
+    assert s["inputs_drawn"]["input_ids"].startswith("token ids in [0, 1000)")
+    assert s["predicted_memory_mixed_bytes"] <= s["predicted_memory_fp32_bytes"]
+    np.testing.assert_array_less(0, [s["predicted_memory_all_fp16_bytes"], s["fusion_groups"]])
+
+
+def test_calibration_without_inputs_draws_them_as_the_model_sees_them():
+    from amp_compiler.onnx_api import convert_onnx
+
+    summary = convert_onnx(_text_model(vocab=1000), calibrate=True)[1].summary
+    assert summary["inputs_drawn"]["input_ids"] == "token ids in [0, 1000) (rows of table)"
+    assert "inputs_drawn" not in convert_onnx(_text_model(vocab=1000))[1].summary
