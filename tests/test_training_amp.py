@@ -200,6 +200,7 @@ def test_fp16_overflow_skips_the_step_bit_exactly_then_the_scale_recovers(planne
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.filterwarnings("ignore:.*the plan runs the whole step in FP32")
 @pytest.mark.parametrize("planner", ["optimal", "greedy", "all"])
 def test_loss_scale_state_and_arithmetic_are_fp32_under_every_planner(planner):
     x, y = _teacher_data((32,), 4)
