@@ -60,6 +60,7 @@ class PlanEnergy:
     mem_terms: list[MemoryTerm] = field(default_factory=list)  # weights read by units
     act_fp32: dict[int, float] = field(default_factory=dict)  # bytes a unit's outputs hold in FP32
     act_low: dict[int, float] = field(default_factory=dict)  # ... and in the low dtype
+    low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
     fixed_memory: float = 0.0  # weights whose dtype no plan changes
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
@@ -118,7 +119,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
     units: dict[str, int] = {}
-    energy = PlanEnergy({}, {}, {}, 0.0, [])
+    energy = PlanEnergy({}, {}, {}, 0.0, [], low=ctx.low_dtype)
     for op in graph.ops.values():
         if not op.has_unit_ports or op.inserted:
             continue

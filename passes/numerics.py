@@ -27,6 +27,10 @@ every op reading or writing a flagged value through a unit port in FP32):
 8. A reduction -> add-eps -> sqrt/rsqrt/reciprocal chain stays FP32 when eps is below the
    dtype's smallest normal (a variance near zero plus eps would be subnormal, its reciprocal
    overflow); an output that overflows the dtype (1/eps) is flagged like a constant.
+9. A small power (x^2, x^3: deny by class) whose value reaches only saturating ops (tanh,
+   sigmoid, erf) through scale and shift becomes infer: where it overflows to inf the
+   saturating op returns its limit, exactly as in FP32 (GELU's tanh form: x + 0.044715 x^3).
+   A Pow the user denied by name stays deny.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from __future__ import annotations
 from amp_compiler.dtypes import is_float, short
 from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import RANGES, DtypeRange
-from amp_compiler.registry import CLEAR
+from amp_compiler.registry import CLEAR, DENY, INFER
 
-from .numerics_chains import eps_chains, trig_chains
+from .numerics_chains import eps_chains, saturating_powers, trig_chains
 
 from .base import Pass, PassResult, PlanContext, check
 from .result import NumericsFlags
@@ -86,6 +90,10 @@ class NumericsPass(Pass):
             tensors.setdefault(name, why)
         _follow_value_flow(graph, tensors)  # 5
         changed = False
+        for name, why in saturating_powers(graph).items():  # 9
+            op = graph.ops[name]
+            if op.op_class == DENY and "by the user" not in (op.reason or ""):
+                op.op_class, op.reason, changed = INFER, why, True
         for name, why in tensors.items():
             t = graph.tensors[name]
             changed |= t.low_unsafe != why

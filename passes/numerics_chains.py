@@ -4,7 +4,10 @@
   that argument from integers and constants alone (RoPE's position x inv_freq), stay FP32.
 * ``eps_chains``: reduction -> add-eps -> sqrt/rsqrt/reciprocal stays FP32 when eps is below
   the dtype's smallest normal; an output the dtype cannot hold (1/eps) is flagged.
-Both read the target dtype's range (docs/architecture.md, "Numerics").
+* ``saturating_powers``: a small power (x^2, x^3) whose value reaches only a saturating op
+  (tanh, sigmoid, erf) through scaling and shifting is safe in the low dtype: where it
+  overflows to inf the saturating op returns its limit, as FP32 does (GELU's tanh form).
+The first two read the target dtype's range (docs/architecture.md, "Numerics").
 """
 
 from __future__ import annotations
@@ -113,9 +116,59 @@ def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], flo
     return None
 
 
+#: ops whose output tends to a finite limit as their input tends to +-inf
+SATURATING = frozenset({"tanh", "sigmoid", "erf"})
+#: scale and shift: an inf operand (from one source only) stays inf of a known sign
+_SCALE_SHIFT = frozenset({"mul", "add", "sub", "div"})
+_SMALL_POWERS = (2.0, 3.0)
+
+
+def saturating_powers(graph: PrecisionGraph) -> dict[str, str]:
+    """pow op name -> reason, for powers whose overflow is saturated downstream (rule 9)."""
+    out: dict[str, str] = {}
+    for op in graph.ops.values():
+        if op.canonical != "pow" or not op.outputs or not op.outputs[0] or _exponent(graph, op) not in _SMALL_POWERS:
+            continue
+        sink = _only_into_saturation(graph, op.outputs[0])
+        if sink is not None:
+            out[op.name] = (f"infer: its only use is through scale and shift into {sink}, which saturates: "
+                            f"where the power overflows to inf the result is the same limit as in FP32")
+    return out
+
+
+def _exponent(graph: PrecisionGraph, op: Op) -> float | None:
+    """The constant exponent of a Pow (a one-element constant in ONNX, a scalar argument in aten)."""
+    if len(op.inputs) > 1 and op.inputs[1]:
+        s = graph.tensors[op.inputs[1]].stats
+        return s.max_abs if s is not None and s.size == 1 else None
+    return op.scalars[0] if len(op.scalars) == 1 else None
+
+
+def _only_into_saturation(graph: PrecisionGraph, tensor: str) -> str | None:
+    """The saturating op every path from ``tensor`` ends in through scale/shift ops that read the
+    value once (so no inf - inf), or None."""
+    sinks: set[str] = set()
+    frontier, seen = [tensor], set()
+    while frontier:
+        t = graph.tensors[frontier.pop()]
+        if t.is_graph_output or not t.consumers:
+            return None
+        for name, _ in t.consumers:
+            reader = graph.ops[name]
+            if reader.canonical in SATURATING:
+                sinks.add(reader.op_type)
+            elif reader.canonical in _SCALE_SHIFT and sum(1 for i in reader.inputs if i == t.name) == 1 \
+                    and name not in seen and len(seen) < _MAX_CHAIN and reader.outputs and reader.outputs[0]:
+                seen.add(name)
+                frontier.append(reader.outputs[0])
+            else:
+                return None
+    return "/".join(sorted(sinks)) if sinks else None
+
+
 def _is_reduction(op: Op) -> bool:
     c = op.canonical or ""
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "TRIG", "eps_chains", "trig_chains"]
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "saturating_powers", "trig_chains"]

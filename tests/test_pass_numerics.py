@@ -235,3 +235,36 @@ def test_position_times_frequency_stays_fp32_with_the_dtype_spacing(dtype, spaci
     assert set(result.output.ops) == {"pos_float", "angle", "cos"}
     assert f"spacing near 2048 is {spacing}," in result.output.ops["cos"]
     assert b.graph.ops["mm"].eligible
+
+
+def _tanh_gelu(exponent: float, into: str = "Tanh", extra_reader: bool = False) -> IRBuilder:
+    """GELU's tanh form around MatMuls: x + 0.044715 x^p -> scale -> ``into``."""
+    b = IRBuilder()
+    x = b.op("MatMul", [b.input("x"), b.input("w")], "mm")
+    cube = b.op("Pow", [x, b.const("p", [exponent])], "pow")
+    inner = b.op("Add", [x, b.op("Mul", [cube, b.const("c", [0.044715])], "scale")], "shift")
+    sat = b.op(into, [b.op("Mul", [inner, b.const("k", [0.7978845])], "gain")], "sat")
+    out = b.op("MatMul", [b.op("Mul", [x, sat], "gate"), b.input("w2")], "mm2")
+    b.output(out, *([cube] if extra_reader else []))
+    return b
+
+
+@pytest.mark.parametrize("exponent, into, extra_reader, safe", [
+    (3.0, "Tanh", False, True),  # GELU's tanh form: an overflowing x^3 makes tanh +-1, as in FP32
+    (2.0, "Sigmoid", False, True),
+    (3.0, "Relu", False, False),  # Relu does not saturate: x^3 = inf would reach the output
+    (3.0, "Tanh", True, False),  # the power itself is also a graph output
+    (5.0, "Tanh", False, False),  # only small powers
+])
+def test_small_power_into_a_saturating_op_may_run_low(exponent, into, extra_reader, safe):
+    b = _tanh_gelu(exponent, into, extra_reader)
+    _numerics(b, planner="all")
+    pow_op = b.graph.ops["pow"]
+    assert (pow_op.op_class == "infer" and pow_op.eligible) is safe
+    assert (pow_op.op_class == "deny") is not safe
+
+
+def test_a_power_the_user_denies_stays_deny():
+    b = _tanh_gelu(3.0)
+    _numerics(b, planner="all", deny={"Pow"})
+    assert b.graph.ops["pow"].op_class == "deny" and not b.graph.ops["pow"].eligible

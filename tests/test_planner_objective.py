@@ -48,7 +48,7 @@ def test_near_tie_goes_to_the_plan_with_less_memory(slower, taken):
     """Unit 1 is 0.4 % (a near-tie) or 2 % slower in FP16 but holds half the bytes there."""
     from passes.costs import PlanEnergy
 
-    energy = PlanEnergy("float16", {0: ["a"], 1: ["b"]}, {0: 1.0, 1: 1.0}, {0: 0.5, 1: slower}, 0.0, [],
+    energy = PlanEnergy({0: ["a"], 1: ["b"]}, {0: 1.0, 1: 1.0}, {0: 0.5, 1: slower}, 0.0, [],
                         act_fp32={0: 4.0, 1: 4e6}, act_low={0: 2.0, 1: 2e6})
     assert solve_objective(energy, "time") == {0: 1, 1: int(taken)}
 
