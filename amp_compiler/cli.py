@@ -239,7 +239,8 @@ def _run(args: argparse.Namespace) -> int:
                                 planner=args.planner, default_dim=args.default_dim, progress=progress,
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
-                                deny_propagation=args.deny_propagation, annotate=args.annotate)
+                                deny_propagation=args.deny_propagation, annotate=args.annotate,
+                                copy=runs_models)  # only runs of the models read the original again
     if args.fallback:
         result, _ = convert_with_fallback(convert, original, feeds, args.tolerance, deny_nodes=args.deny_node,
                                           progress=progress, runner=_runner(args))

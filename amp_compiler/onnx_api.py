@@ -36,11 +36,12 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
                  custom_ops: str | os.PathLike | dict | list | None = None,
-                 data_max: float | None = None, annotate: bool = True) -> "ConvertedModel":
+                 data_max: float | None = None, annotate: bool = True, copy: bool = True) -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
-    ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
-    path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
+    ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted; with
+    ``copy=False`` it is converted in place, saving a copy of every weight) or a path to an
+    ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
     (others take ``default_dim``). ``calibrate=True`` runs the FP32 model once on ONNX
     Runtime (``calibration_inputs``, or seeded random inputs) and keeps in FP32 the ops
     whose activations would overflow FP16 or be subnormal in it throughout. Returns a
@@ -86,8 +87,10 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ctx.registry = registry
     ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
-        model = ModelProto()
-        model.CopyFrom(model_or_path)
+        model = model_or_path
+        if copy:
+            model = ModelProto()
+            model.CopyFrom(model_or_path)
         source = source or model.graph.name or "model"
     else:
         base_dir = Path(model_or_path).resolve().parent

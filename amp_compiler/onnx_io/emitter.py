@@ -142,8 +142,9 @@ def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:
 
 
 def _array(init: TensorProto, imp: OnnxImport) -> np.ndarray:
-    if init.data_type == TensorProto.FLOAT and init.raw_data and init.data_location != TensorProto.EXTERNAL:
-        return np.frombuffer(init.raw_data, dtype=np.float32).reshape(tuple(init.dims))  # no copy
+    raw = imp.raw.get(init.name)  # the bytes the importer read: no second copy out of the proto
+    if raw is not None:
+        return np.frombuffer(raw, dtype=np.float32).reshape(tuple(init.dims))
     base = imp.base_dir
     return numpy_helper.to_array(init, base_dir=base) if base else numpy_helper.to_array(init)
 

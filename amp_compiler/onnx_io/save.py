@@ -25,7 +25,8 @@ from ..errors import ConversionError
 from .deferred import cast_source
 from .paths import external_data_name
 from .skeleton import skeleton_copy
-from .tensors import CHUNK_BYTES, INLINE_BYTES, NUMPY, external_range, is_external, iter_tensors, tensor_nbytes
+from .tensors import (CHUNK_BYTES, INLINE_BYTES, NUMPY, approx_nbytes, external_range, is_external, iter_tensors,
+                      tensor_nbytes)
 
 TWO_GB = 2 ** 31
 #: models whose tensors total at least this many bytes are saved with external data
@@ -96,7 +97,7 @@ def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path]]:
     sources: set[Path] = set()
     for tensor in iter_tensors(model):
         if not is_external(tensor):
-            total += tensor.ByteSize()  # no copy of the data, unlike len(tensor.raw_data)
+            total += approx_nbytes(tensor)
             continue
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
@@ -123,7 +124,7 @@ class _DataWriter:
         """Write ``tensor``'s data and return its external-data entries, or None to keep it inline."""
         cast_from = cast_source(tensor) if is_external(tensor) else None
         if not is_external(tensor):
-            if tensor.data_type == TensorProto.STRING or tensor.ByteSize() < INLINE_BYTES:
+            if tensor.data_type == TensorProto.STRING or approx_nbytes(tensor) < INLINE_BYTES:
                 return None
             if not tensor.HasField("raw_data") and tensor.data_type not in NUMPY:
                 return None  # packed typed fields (4-bit, float8): left inline as they are
