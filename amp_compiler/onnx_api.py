@@ -18,6 +18,7 @@ from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
+from .onnx_io.stream import append_pending
 from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -110,10 +111,11 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if progress:
         progress("emit")
     report = build_report(result)  # after emission: the report describes the emitted model
+    imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
     converted = record_modules(emit(imp, result), report)  # the exporter's module paths, for the report's graph
     if annotate:
         annotate_model(converted, report)
-    return ConvertedModel(converted, report, base_dir)
+    return ConvertedModel(converted, report, base_dir, imp.pending)
 
 
 def _custom_rows(table) -> list:
@@ -144,13 +146,17 @@ class ConvertedModel:
     Unpacks (and indexes) as the pair ``model, report = convert_onnx(...)``.
     """
 
-    def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None,
+                 pending: list | None = None) -> None:
         self._proto, self.report = proto, report
+        self._pending = pending if pending is not None else []  # weights cast while saving (onnx_io/stream.py)
         self._base_dir = str(base_dir) if base_dir is not None else None
 
     @property
     def model(self) -> ModelProto:
         """The converted ``ModelProto``; ``onnx.save`` works on it."""
+        if self._pending:
+            append_pending(self._proto, self._pending)
         if has_external(self._proto):
             materialize(self._proto, self._base_dir)
         return self._proto
@@ -158,7 +164,7 @@ class ConvertedModel:
     def save(self, path: str | os.PathLike, *, external: bool | None = None, protect=(), staging=None) -> Path:
         """Write the model to ``path`` (and ``path.data`` when it has external data); see ``files.save_model``."""
         return save_model(self._proto, path, external=external, base_dir=self._base_dir, protect=protect,
-                          staging=staging)
+                          staging=staging, pending=self._pending)
 
     def __iter__(self):
         yield self.model

@@ -5,13 +5,15 @@
 * weights' bytes are read once: validation hands them to the importer, the emitter folds
   from them, and the FP16 weights are exactly the FP32 ones rounded;
 * a skeleton copy keeps every field of a tensor but its data;
-* ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone.
+* ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone;
+* folded weights cast while the file is written give the model ``.model`` returns.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler.numerics import _SLICE, ValueStats
@@ -100,3 +102,27 @@ def test_copy_false_converts_the_given_model_in_place() -> None:
     converted, _ = convert_onnx(model, copy=False, planner="all")
     assert converted is model
     assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_weights_cast_while_writing_give_the_same_file(tmp_path, monkeypatch, dtype: str) -> None:
+    """The folded weights streamed after the model's bytes parse into the model ``.model`` returns,
+    ONNX Runtime runs it; a save with external data moves them into the model first."""
+    result = convert_onnx(_mlp(), planner="all", dtype=dtype)
+    assert [p.name for p in result._pending] == [f"w1_{dtype}", f"w2_{dtype}"]
+    result.save(tmp_path / "a.onnx")
+    assert result._pending  # a streaming save leaves them pending: a second save writes them again
+    streamed = onnx.load(tmp_path / "a.onnx")
+    onnx.checker.check_model(streamed, full_check=True)
+    assert streamed.SerializeToString() == result.model.SerializeToString()
+    assert not result._pending
+    if dtype == "fp16":
+        ort = pytest.importorskip("onnxruntime")
+        ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, {"x": np.ones((4, 64), np.float32)})
+    external = convert_onnx(_mlp(), planner="all", dtype=dtype)
+    external.save(tmp_path / "e.onnx", external=True)
+    assert not external._pending and (tmp_path / "e.onnx.data").is_file()
+    loaded = onnx.load(tmp_path / "e.onnx")
+    assert [numpy_helper.to_array(t).tobytes() for t in loaded.graph.initializer] == \
+        [numpy_helper.to_array(t).tobytes() for t in streamed.graph.initializer]
+

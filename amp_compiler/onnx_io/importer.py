@@ -47,6 +47,8 @@ class OnnxImport:
     #: float32 initializers' raw bytes, read once for their statistics and kept for the emitter
     #: (upb copies ``raw_data`` on every access; docs/architecture.md, "Performance")
     raw: dict[str, bytes] = field(default_factory=dict)
+    #: a list to have the emitter defer the casts of folded weights to the write (``stream.PendingCast``)
+    pending: list | None = None
 
 
 def import_model(model: ModelProto, *, registry: Registry | None = None, source: str = "model",
