@@ -140,9 +140,10 @@ class ConvertedModel:
     """What ``convert_onnx`` returns: the converted model, its report, and the one call that saves it.
 
     ``save(path)`` streams the model to disk (weights that stayed in their external-data
-    files are copied or cast chunk by chunk, never held whole). ``model`` is a plain,
-    self-contained ``ModelProto``: on first access deferred casts are computed and weights
-    still in external files are read in (use ``save`` for models too large for that).
+    files are copied or cast chunk by chunk, never held whole; folded in-memory weights are
+    cast one by one as they are written, ``onnx_io/stream.py``). ``model`` is a plain,
+    self-contained ``ModelProto``: on first access deferred and pending casts are computed and
+    weights still in external files are read in (use ``save`` for models too large for that).
     Unpacks (and indexes) as the pair ``model, report = convert_onnx(...)``.
     """
 
