@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -41,12 +43,18 @@ def run(tool: str, model: str | os.PathLike, out: str | os.PathLike, *, timeout:
         cmd = [_GNU_TIME, "-f", "%M", "-o", str(rss_file), *cmd]
     marks: list[tuple[str, float]] = []
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True,
+                            start_new_session=True)
     tail = []
-    for line in proc.stderr:  # the CLI flushes one line per stage: stamp it on arrival
-        marks.append((line.strip(), time.perf_counter()))
-        tail = (tail + [line.strip()])[-3:]
-    _, status, usage = os.wait4(proc.pid, 0)
+    killer = threading.Timer(timeout, _kill_group, (proc.pid,))  # a hung tool is a failed cell
+    killer.start()
+    try:
+        for line in proc.stderr:  # the CLI flushes one line per stage: stamp it on arrival
+            marks.append((line.strip(), time.perf_counter()))
+            tail = (tail + [line.strip()])[-3:]
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        killer.cancel()
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     peak = usage.ru_maxrss
@@ -61,6 +69,14 @@ def run(tool: str, model: str | os.PathLike, out: str | os.PathLike, *, timeout:
     if wall > timeout:
         result.update(ok=False, error=f"took {wall:.0f} s, over the {timeout:.0f} s limit")
     return result
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group the run leads (the tool and GNU time alike)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def stage_split(marks: list[tuple[str, float]], start: float, end: float) -> dict[str, float]:
