@@ -250,7 +250,8 @@ def _run(args: argparse.Namespace) -> int:
                                 dim_values=dims, source=args.input, base_dir=base_dir,
                                 calibration_inputs=feeds if args.calibrate else None,
                                 deny_propagation=args.deny_propagation, annotate=args.annotate,
-                                deploy=args.deploy, objective=args.objective)
+                                deploy=args.deploy, objective=args.objective,
+                                copy=runs_models)  # only runs of the models read the original again
     if args.fallback:
         result, _ = convert_with_fallback(convert, original, feeds, args.tolerance, deny_nodes=args.deny_node,
                                           progress=progress, runner=_runner(args))

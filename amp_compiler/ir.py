@@ -21,11 +21,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-import networkx as nx
-
 from .dtypes import FLOAT32, is_float, itemsize
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from .numerics import ValueStats
 
 UNIT, FIXED, ANY, OTHER = "unit", "fixed", "any", "other"
@@ -236,6 +236,8 @@ class PrecisionGraph:
 
     def nx(self) -> nx.DiGraph:
         """Op-level dependency graph (edges producer -> consumer, tensor name on the edge)."""
+        import networkx as nx  # imported here: no conversion needs it, and it costs 0.5 s of start-up
+
         g = nx.DiGraph()
         g.add_nodes_from(self.ops)
         for t in self.tensors.values():

@@ -19,6 +19,7 @@ from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
+from .onnx_io.stream import append_pending
 from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -38,11 +39,12 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
                  custom_ops: str | os.PathLike | dict | list | None = None,
                  data_max: float | None = None, annotate: bool = True,
-                 deploy: str | None = None, objective: str = "time") -> "ConvertedModel":
+                 deploy: str | None = None, objective: str = "time", copy: bool = True) -> "ConvertedModel":
     """Plan and apply mixed precision on an ONNX model.
 
-    ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted) or a
-    path to an ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
+    ``model_or_path`` is a ``ModelProto`` (left unmodified: a copy is converted; with
+    ``copy=False`` it is converted in place, saving a copy of every weight) or a path to an
+    ``.onnx`` file. ``dim_values`` sizes symbolic dims for the cost model
     (others take ``default_dim``). ``calibrate=True`` runs the FP32 model once on ONNX
     Runtime (``calibration_inputs``, or seeded random inputs) and keeps in FP32 the ops
     whose activations would overflow FP16 or be subnormal in it throughout. Returns a
@@ -92,8 +94,10 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     ctx.registry = registry
     ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
-        model = ModelProto()
-        model.CopyFrom(model_or_path)
+        model = model_or_path
+        if copy:
+            model = ModelProto()
+            model.CopyFrom(model_or_path)
         source = source or model.graph.name or "model"
     else:
         base_dir = Path(model_or_path).resolve().parent
@@ -113,6 +117,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
+    imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
     converted = emit(imp, result)
     report = build_report(result)  # after emission: the report describes the emitted model
     record_modules(converted, report)  # the exporter's module paths, for the report's graph
@@ -120,7 +125,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if annotate:
         annotate_model(converted, report)
-    return ConvertedModel(converted, report, base_dir)
+    return ConvertedModel(converted, report, base_dir, imp.pending)
 
 
 def _custom_rows(table) -> list:
@@ -150,19 +155,24 @@ class ConvertedModel:
     """What ``convert_onnx`` returns: the converted model, its report, and the one call that saves it.
 
     ``save(path)`` streams the model to disk (weights that stayed in their external-data
-    files are copied or cast chunk by chunk, never held whole). ``model`` is a plain,
-    self-contained ``ModelProto``: on first access deferred casts are computed and weights
-    still in external files are read in (use ``save`` for models too large for that).
+    files are copied or cast chunk by chunk, never held whole; folded in-memory weights are
+    cast one by one as they are written, ``onnx_io/stream.py``). ``model`` is a plain,
+    self-contained ``ModelProto``: on first access deferred and pending casts are computed and
+    weights still in external files are read in (use ``save`` for models too large for that).
     Unpacks (and indexes) as the pair ``model, report = convert_onnx(...)``.
     """
 
-    def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None,
+                 pending: list | None = None) -> None:
         self._proto, self.report = proto, report
+        self._pending = pending if pending is not None else []  # weights cast while saving (onnx_io/stream.py)
         self._base_dir = str(base_dir) if base_dir is not None else None
 
     @property
     def model(self) -> ModelProto:
         """The converted ``ModelProto``; ``onnx.save`` works on it."""
+        if self._pending:
+            append_pending(self._proto, self._pending)
         if has_external(self._proto):
             materialize(self._proto, self._base_dir)
         return self._proto
@@ -170,7 +180,7 @@ class ConvertedModel:
     def save(self, path: str | os.PathLike, *, external: bool | None = None, protect=(), staging=None) -> Path:
         """Write the model to ``path`` (and ``path.data`` when it has external data); see ``files.save_model``."""
         return save_model(self._proto, path, external=external, base_dir=self._base_dir, protect=protect,
-                          staging=staging)
+                          staging=staging, pending=self._pending)
 
     def __iter__(self):
         yield self.model

@@ -3,6 +3,7 @@
     python -m benchmarks.peers                       # all 7 base models, all 4 tools, 3 runs each
     python -m benchmarks.peers --models bert --repeat 5
     python -m benchmarks.peers --size small --tools amp-compiler ort-float16 --no-readme
+    python -m benchmarks.peers --file-to-file        # BERT-base as users run it: whole processes, file to file
 
 For each zoo model (transformers configs with random weights, exported by the dynamo
 exporter and cached by ``benchmarks.zoo``) every tool converts the same file with
@@ -273,10 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a conversion is killed")
     p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
     p.add_argument("--json", default=None, help="results file name under benchmarks/results/")
+    p.add_argument("--file-to-file", action="store_true",
+                   help="whole processes, file in and file out (amp-compile's CLI; benchmarks.file_to_file)")
     args = p.parse_args(argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
+
+    if args.file_to_file:
+        return _file_to_file(args, argv, log)
 
     tools = tuple(args.tools)
     modelopt_versions = None
@@ -303,6 +309,23 @@ def main(argv: list[str] | None = None) -> int:
     data["checks"] = checks(results)
     common.publish(args.json or f"peers-{args.size}.json", "peers-table", data, render_markdown(data),
                    not args.no_readme, log)
+    return 0
+
+
+def _file_to_file(args: argparse.Namespace, argv: list[str] | None, log: Callable[[str], None]) -> int:
+    """``--file-to-file``: each tool as a user runs it, wall time and peak RSS of the whole process."""
+    from . import file_to_file
+
+    given = argv if argv is not None else sys.argv[1:]
+    tools = tuple(args.tools) if "--tools" in given else file_to_file.default_tools()
+    models = args.models if "--models" in given else ["bert"]
+    header = common.run_header("peers", given)
+    started = time.time()
+    results = file_to_file.measure_models(models, args.size, tools, max(1, args.repeat), log, args.timeout)
+    data = {**header, "size": args.size, "repeat": max(1, args.repeat), "tools": list(tools),
+            "elapsed_s": time.time() - started, "results": results}
+    common.publish(args.json or f"peers-file-to-file-{args.size}.json", "file-to-file-table", data,
+                   file_to_file.render(data), not args.no_readme, log)
     return 0
 
 

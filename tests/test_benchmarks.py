@@ -194,6 +194,35 @@ def test_scaling_measures_one_size_in_a_fresh_process() -> None:
     assert g["linearity"] == pytest.approx(1.2) and g["t_100k_s"] == 12.0
 
 
+def test_file_to_file_times_whole_processes_with_the_stage_split(tmp_path: Path) -> None:
+    """amp-compile and ORT's tool each run file to file in their own process; ours is split into stages."""
+    from benchmarks import file_to_file
+
+    model = tmp_path / "m.onnx"
+    onnx.save(transformer_graph(300), model)
+    cells = file_to_file.median_runs(model, tmp_path, ("amp-compiler", "ort-float16"), 1, log=lambda _: None)
+    ours, ort_cell = cells["amp-compiler"], cells["ort-float16"]
+    assert ours["ok"] and ort_cell["ok"], (ours, ort_cell)
+    assert list(ours["stages"]) == list(file_to_file.STAGES)
+    assert sum(ours["stages"].values()) == pytest.approx(ours["wall_s"], abs=0.01)
+    assert ours["peak_rss_kb"] > 20_000 and ort_cell["peak_rss_kb"] > 20_000
+    converted = onnx.load(tmp_path / "amp-compiler.onnx")
+    assert any(n.op_type == "Cast" for n in converted.graph.node)
+    bad = file_to_file.run("amp-compiler", tmp_path / "missing.onnx", tmp_path / "x.onnx")
+    assert not bad["ok"] and "file not found" in bad["error"]
+
+
+def test_stage_split_reads_the_cli_progress_lines() -> None:
+    from benchmarks.file_to_file import stage_split
+
+    marks = [("[   0.00s] load", 1.5), ("[   0.40s] import", 2.0), ("[   0.90s] classify", 2.5),
+             ("[   1.00s] convert", 2.6), ("[   1.20s] emit", 3.0), ("[   1.50s] write out.onnx", 3.25),
+             ("a warning line", 3.3)]
+    split = stage_split(marks, start=1.0, end=4.0)
+    assert split == {"start-up+imports": 0.5, "load": 0.5, "import": 0.5, "plan": 0.5, "emit": 0.25,
+                     "write": 0.75}
+
+
 def test_gpu_suite_skips_cleanly_without_cuda() -> None:
     from benchmarks import gpu_suite
 

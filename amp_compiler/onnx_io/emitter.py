@@ -20,6 +20,7 @@ from .dtypes import dtype_to_onnx
 from .files import defer_cast
 from .importer import OnnxImport
 from .order import replace_nodes
+from .stream import PendingCast
 
 if TYPE_CHECKING:
     from passes.result import PlanResult
@@ -106,7 +107,10 @@ def _tensor(values: np.ndarray) -> TensorProto:
 
 
 def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
-    """Add folded constants, drop initializers nobody reads any more; others are left as they are."""
+    """Add folded constants, drop initializers nobody reads any more; others are left as they are.
+
+    With ``imp.pending`` (a list: ``convert_onnx``) the main graph's constants folded from in-memory
+    FP32 bytes are listed there instead, to be cast while the file is written (``stream``)."""
     graph = imp.graph
     used = {name for op in graph.ops.values() for name in op.inputs if name}
     used |= {t.name for t in graph.tensors.values() if t.is_graph_output}
@@ -115,6 +119,10 @@ def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
     for t in graph.tensors.values():
         if t.folded_from and t.scope == scope and t.name in used and t.name not in imp.initializers:
             source = imp.initializers[t.folded_from]
+            raw = imp.raw.get(t.folded_from)
+            if imp.pending is not None and not scope and raw is not None and t.dtype in _CODES:
+                imp.pending.append(PendingCast(t.name, tuple(source.dims), raw, t.dtype))  # cast while writing
+                continue
             new = g.initializer.add()
             _fold_into(new, t, source, imp)
             imp.initializers[t.name] = new
@@ -142,8 +150,9 @@ def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:
 
 
 def _array(init: TensorProto, imp: OnnxImport) -> np.ndarray:
-    if init.data_type == TensorProto.FLOAT and init.raw_data and init.data_location != TensorProto.EXTERNAL:
-        return np.frombuffer(init.raw_data, dtype=np.float32).reshape(tuple(init.dims))  # no copy
+    raw = imp.raw.get(init.name)  # the bytes the importer read: no second copy out of the proto
+    if raw is not None:
+        return np.frombuffer(raw, dtype=np.float32).reshape(tuple(init.dims))
     base = imp.base_dir
     return numpy_helper.to_array(init, base_dir=base) if base else numpy_helper.to_array(init)
 

@@ -44,6 +44,11 @@ class OnnxImport:
     initializers: dict[str, TensorProto] = field(default_factory=dict)
     strict: bool = False  # validate=True: also check that ports bound to one type parameter agree
     base_dir: str | None = None  # the folder external data lies in (a model loaded lazily)
+    #: float32 initializers' raw bytes, read once for their statistics and kept for the emitter
+    #: (upb copies ``raw_data`` on every access; docs/architecture.md, "Performance")
+    raw: dict[str, bytes] = field(default_factory=dict)
+    #: a list to have the emitter defer the casts of folded weights to the write (``stream.PendingCast``)
+    pending: list | None = None
 
 
 def import_model(model: ModelProto, *, registry: Registry | None = None, source: str = "model",
@@ -59,7 +64,8 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     are renamed, nodes out of topological order are sorted.
     """
     registry = registry or DEFAULT_REGISTRY
-    inferred = validate_model(model, source=source, base_dir=base_dir) if validate else infer_types(model)
+    raw: dict[str, bytes] = {}
+    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw) if validate else infer_types(model)
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" in opsets:
         opsets[""] = opsets["ai.onnx"]
@@ -67,7 +73,8 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     graph = PrecisionGraph(model.graph.name or source)
     graph.opsets = opsets
     graph.set_dim_sizes(default_dim)
-    imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None)
+    imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None,
+                     raw=raw)
     _import_graph(imp, model.graph, "", types, opsets, registry, source)
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
@@ -83,7 +90,13 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
                 source, scope)
         imp.initializers[init.name] = init
         if init.data_type == TensorProto.FLOAT:
-            graph.tensors[init.name].stats = ValueStats.of_chunks(iter_chunks(init, imp.base_dir))
+            raw = imp.raw.get(init.name)
+            if raw is None and init.HasField("raw_data") and init.data_location != TensorProto.EXTERNAL:
+                imp.raw[init.name] = raw = init.raw_data
+            if raw is not None:
+                graph.tensors[init.name].stats = stats_of(np.frombuffer(raw, dtype=np.float32))
+            else:
+                graph.tensors[init.name].stats = ValueStats.of_chunks(iter_chunks(init, imp.base_dir))
             graph.tensors[init.name].origin = "initializer"
     for k, inp in enumerate(g.input):
         if inp.name in imp.initializers:

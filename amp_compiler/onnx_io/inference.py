@@ -18,7 +18,7 @@ from onnx import ModelProto, TensorProto
 from ..errors import ConversionError
 from .skeleton import skeleton_copy
 from .structure import graphs
-from .tensors import INLINE_BYTES, is_external, iter_tensors
+from .tensors import INLINE_BYTES, approx_nbytes, is_external, iter_tensors
 
 _PLACEHOLDER = "__amp_compiler_no_data__"
 #: tensors the inference copy keeps with their data: small ones (shape inputs of Reshape, ...)
@@ -38,7 +38,7 @@ def _strip(t: TensorProto) -> list[tuple[str, str]] | None:
     """Placeholder external entries for tensors inference does not need the values of."""
     if is_external(t):
         return [("location", _PLACEHOLDER)]
-    size = t.ByteSize()
+    size = approx_nbytes(t)
     if size >= _KEEP_INT_BYTES or (size >= INLINE_BYTES and t.data_type in _FLOAT_CODES):
         return [("location", _PLACEHOLDER)]
     return None

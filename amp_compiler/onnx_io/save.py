@@ -25,7 +25,9 @@ from ..errors import ConversionError
 from .deferred import cast_source
 from .paths import external_data_name
 from .skeleton import skeleton_copy
-from .tensors import CHUNK_BYTES, INLINE_BYTES, NUMPY, external_range, is_external, iter_tensors, tensor_nbytes
+from .stream import PendingCast, append_pending, pending_nbytes, write_pending
+from .tensors import (CHUNK_BYTES, INLINE_BYTES, NUMPY, approx_nbytes, external_range, is_external, iter_tensors,
+                      tensor_nbytes)
 
 TWO_GB = 2 ** 31
 #: models whose tensors total at least this many bytes are saved with external data
@@ -42,26 +44,32 @@ def external_threshold() -> int:
 
 def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | None = None,
                base_dir: str | os.PathLike | None = None, protect: list[str | os.PathLike] = (),
-               staging: Staging | None = None) -> Path:
+               staging: Staging | None = None, pending: list[PendingCast] | None = None) -> Path:
     """Write ``model`` to ``out`` (and ``out.data``); never over a file it reads from.
 
     ``external``: None decides (external data when the model references some or its
     tensors total ``external_threshold()`` bytes or more); True/False force it.
     ``base_dir`` is the folder lazily loaded external data is read from. With
     ``staging`` the files are only staged (the caller checks them, then publishes);
-    without, they are published at once. ``model`` is not modified.
+    without, they are published at once. ``model`` is not modified, except that ``pending``
+    weights (``stream``: cast while written, after the model's bytes) are moved into it
+    when it must be written with external data.
     """
     out = Path(out)
     name = str(out)
     data_path = out.resolve().parent / external_data_name(out)
     base = Path(base_dir).resolve() if base_dir is not None else None
     total, sources = _survey(model, base)
+    pending = pending if pending is not None else []
+    total += pending_nbytes(pending)
     protected = {Path(p).resolve() for p in protect} | sources
     for path, what in ((out.resolve(), "the output"), (data_path, "its external data file")):
         if path in protected:
             raise ConversionError(name, "", f"{what} {path.name} is a file the model reads from; choose another path")
     if external is None:
         external = bool(sources) or total >= external_threshold()
+    if external and pending:
+        append_pending(model, pending)
     if sources and not external:
         raise ConversionError(name, "", "the model references external data: it can only be saved with external "
                                         "data")
@@ -79,7 +87,8 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
             payload = model.SerializeToString()
         with open(staging.path(out), "wb") as f:
             f.write(payload)
-        del payload
+            del payload
+            write_pending(f, pending)
         if own:
             staging.publish()
     except OSError as exc:
@@ -96,7 +105,7 @@ def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path]]:
     sources: set[Path] = set()
     for tensor in iter_tensors(model):
         if not is_external(tensor):
-            total += tensor.ByteSize()  # no copy of the data, unlike len(tensor.raw_data)
+            total += approx_nbytes(tensor)
             continue
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
@@ -123,7 +132,7 @@ class _DataWriter:
         """Write ``tensor``'s data and return its external-data entries, or None to keep it inline."""
         cast_from = cast_source(tensor) if is_external(tensor) else None
         if not is_external(tensor):
-            if tensor.data_type == TensorProto.STRING or tensor.ByteSize() < INLINE_BYTES:
+            if tensor.data_type == TensorProto.STRING or approx_nbytes(tensor) < INLINE_BYTES:
                 return None
             if not tensor.HasField("raw_data") and tensor.data_type not in NUMPY:
                 return None  # packed typed fields (4-bit, float8): left inline as they are

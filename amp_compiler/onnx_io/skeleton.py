@@ -19,6 +19,9 @@ _CONTAINERS = frozenset({"onnx.ModelProto", "onnx.GraphProto", "onnx.NodeProto",
                          "onnx.FunctionProto", "onnx.TrainingInfoProto", "onnx.SparseTensorProto"})
 _PAYLOAD_ATTRS = frozenset({AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.GRAPH,
                             AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS})
+#: a tensor's fields other than its data and where the data lies
+_TENSOR_META = tuple(fd for fd in TensorProto.DESCRIPTOR.fields
+                     if fd.name not in DATA_FIELDS and fd.name not in ("external_data", "data_location"))
 TensorHook = Callable[[TensorProto], "list[tuple[str, str]] | None"]
 
 
@@ -62,15 +65,14 @@ def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook) -> None:
     if entries is None:
         dst.CopyFrom(src)
         return
-    for fd, value in src.ListFields():
-        if fd.name in DATA_FIELDS or fd.name in ("external_data", "data_location"):
-            continue
+    for fd in _TENSOR_META:  # not ListFields(): it would copy the data out of the proto (upb)
         if is_repeated(fd):
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+            getattr(dst, fd.name).extend(getattr(src, fd.name))
+        elif src.HasField(fd.name):
+            if fd.message_type is not None:
+                getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
+            else:
+                setattr(dst, fd.name, getattr(src, fd.name))
     dst.data_location = TensorProto.EXTERNAL
     for key, value in entries:
         entry = dst.external_data.add()

@@ -31,11 +31,18 @@ _TYPED_FIELD = {
 _TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
-def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None) -> None:
-    """Data types, dims and data sizes of every tensor; graph I/O element types."""
+def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None,
+                  raw: dict[str, bytes] | None = None) -> None:
+    """Data types, dims and data sizes of every tensor; graph I/O element types.
+
+    ``raw`` (the importer's) receives the float32 initializers' ``raw_data`` bytes read for the
+    size check, so that the importer and emitter do not copy them out of the proto again.
+    """
     base = Path(base_dir).resolve() if base_dir is not None else None
-    for where, tensor in _labelled_tensors(model):
-        _check_tensor(tensor, where, source, base)
+    for where, tensor, initializer in _labelled_tensors(model):
+        data = _check_tensor(tensor, where, source, base)
+        if data is not None and raw is not None and initializer and tensor.data_type == TensorProto.FLOAT:
+            raw[tensor.name] = data
     for vi in model.graph.input:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if tt is not None and tt.elem_type not in VALID_CODES:
@@ -83,22 +90,24 @@ def _type_text(t: onnx.TypeProto) -> str:
     return f"{name}[{', '.join(dims)}]"
 
 
-def _labelled_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto]]:
+def _labelled_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto, bool]]:
+    """(label, tensor, is an initializer) for every tensor of every graph."""
     for g, path in graphs(model.graph, ""):
         suffix = f" of subgraph {path}" if path else ""
         for t in g.initializer:
-            yield f"initializer {t.name!r}{suffix}", t
+            yield f"initializer {t.name!r}{suffix}", t, True
         for s in g.sparse_initializer:
-            yield f"sparse initializer {s.values.name!r}{suffix}", s.values
+            yield f"sparse initializer {s.values.name!r}{suffix}", s.values, False
         for idx, node in enumerate(g.node):
             for a in node.attribute:
                 if a.HasField("t"):
-                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", a.t
+                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", a.t, False
                 for t in a.tensors:
-                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t
+                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t, False
 
 
-def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) -> None:
+def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) -> bytes | None:
+    """Raises for a malformed tensor; returns its ``raw_data`` where it read it."""
     if t.data_type not in VALID_CODES:
         what = "has no data type" if t.data_type == 0 else f"data type {t.data_type} is not an ONNX data type"
         raise ConversionError(source, where, what)
@@ -121,11 +130,12 @@ def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) ->
         if t.data_type == TensorProto.STRING:
             raise ConversionError(source, where, "a string tensor cannot use raw_data")
         expected = tensor_nbytes(t)
-        have = len(t.raw_data)
+        data = t.raw_data  # a copy (upb): handed back so that it is the only one
+        have = len(data)
         if expected is not None and have != expected:
             raise ConversionError(source, where, f"raw_data holds {have} bytes but its shape {list(t.dims)} of "
                                                  f"{type_name} needs {expected}")
-        return
+        return data
     present = [f for f in _TYPED_FIELDS if len(getattr(t, f))]
     if not present and numel:
         raise ConversionError(source, where, f"has no data (its shape {list(t.dims)} has {numel} elements)")

@@ -136,6 +136,13 @@ def tensor_nbytes(tensor: TensorProto) -> int | None:
     return None if size is None else numel * size
 
 
+def approx_nbytes(tensor: TensorProto) -> int:
+    """Size of a tensor's data from its dims and dtype, without touching the data (``ByteSize()``
+    and ``len(raw_data)`` copy it in upb); the serialized size for strings and unknown dtypes."""
+    nbytes = tensor_nbytes(tensor)
+    return tensor.ByteSize() if nbytes is None else nbytes
+
+
 def type_name(code: int) -> str:
     try:
         return TensorProto.DataType.Name(code).lower()

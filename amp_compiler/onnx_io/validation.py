@@ -29,15 +29,16 @@ from .tensor_checks import check_tensors
 _OLDEST_OPSET = 6
 
 
-def validate_model(model: ModelProto, *, source: str = "model",
-                   base_dir: str | Path | None = None) -> dict[str, tuple[int, tuple | None]]:
+def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | Path | None = None,
+                   raw: dict[str, bytes] | None = None) -> dict[str, tuple[int, tuple | None]]:
     """Check ``model`` (steps 1-5 above); returns inferred ``{value name: (elem_type, shape)}``.
+    ``raw`` receives the float32 initializers' bytes that step 3 reads (``tensor_checks``).
 
     May rename values reused by sibling subgraphs and sort out-of-order nodes, in place.
     """
     opsets = check_header(model, source)
     check_structure(model, source, opsets)
-    check_tensors(model, source, base_dir)
+    check_tensors(model, source, base_dir, raw)
     light = light_copy(model)
     run_checker(light, source)
     infer(light, source)

@@ -1,0 +1,128 @@
+"""The shortcuts of the ONNX path's fast load and save give the same answers as the slow ways.
+
+* ``ValueStats.of`` (cache-sized slices) equals the whole-array statistics, with zeros,
+  subnormals, inf and NaN falling in different slices;
+* weights' bytes are read once: validation hands them to the importer, the emitter folds
+  from them, and the FP16 weights are exactly the FP32 ones rounded;
+* a skeleton copy keeps every field of a tensor but its data;
+* ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone;
+* folded weights cast while the file is written give the model ``.model`` returns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler.numerics import _SLICE, ValueStats
+from amp_compiler.onnx_api import convert_onnx
+from amp_compiler.onnx_io.skeleton import skeleton_copy
+from amp_compiler.onnx_io.validation import validate_model
+
+
+def _whole_array_stats(values: np.ndarray) -> ValueStats:
+    bits = values.astype(np.float32).reshape(-1).view(np.uint32) & 0x7FFFFFFF
+    finite = (bits >> 23) != 255
+    nonzero = bits[finite & (bits != 0)]
+    counts = np.bincount(nonzero >> 23, minlength=256)
+    peak = float(bits[finite].max().view(np.float32)) if finite.any() else 0.0
+    return ValueStats(bits.size, int(np.count_nonzero(bits == 0)), peak, tuple(int(c) for c in counts))
+
+
+def test_value_stats_by_slices_equal_the_whole_array() -> None:
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(2 * _SLICE + 77) * 30).astype(np.float32)
+    x[5] = 0.0
+    x[_SLICE + 3] = -0.0
+    x[_SLICE + 9] = np.inf  # only the second slice has non-finite values
+    x[_SLICE + 10] = np.nan
+    x[2 * _SLICE + 1] = 1e-41  # a float32 subnormal in the last, short slice
+    x[7] = -70000.0  # the peak, in the first slice
+    got = ValueStats.of(x)
+    assert got == _whole_array_stats(x)
+    assert got.zeros == 2 and got.max_abs == 70000.0 and got.exponents[0] == 1 and got.exponents[255] == 0
+    only_inf = np.full(_SLICE + 1, np.inf, np.float32)
+    assert ValueStats.of(only_inf) == _whole_array_stats(only_inf)
+    assert ValueStats.of(only_inf).max_abs == 0.0
+
+
+def _mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 128)).astype(np.float32) / 8, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((128, 64)).astype(np.float32) / 8, "w2")
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.full(64, 0.5, np.float32), "cv"))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]), const, helper.make_node("Add", ["m", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_validation_hands_the_initializers_bytes_to_the_importer() -> None:
+    model = _mlp()
+    raw: dict[str, bytes] = {}
+    validate_model(model, raw=raw)
+    assert set(raw) == {"w1", "w2"}  # initializers only: not the Constant's attribute tensor
+    assert raw["w1"] == model.graph.initializer[0].raw_data
+
+
+def test_folded_weights_are_the_fp32_weights_rounded() -> None:
+    model = _mlp()
+    converted, _ = convert_onnx(model, keep_io_types=True, planner="all")  # a model this small would stay FP32
+    weights = {t.name: numpy_helper.to_array(t) for t in converted.graph.initializer}
+    originals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    folded = {name: a for name, a in weights.items() if a.dtype == np.float16}
+    assert len(folded) == 2
+    for a in folded.values():
+        source = next(o for o in originals.values() if o.shape == a.shape)
+        np.testing.assert_array_equal(a, source.astype(np.float16))
+
+
+def test_skeleton_copy_keeps_every_field_but_the_data() -> None:
+    t = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "w")
+    t.doc_string = "a weight"
+    t.metadata_props.add(key="k", value="v")
+    model = _mlp()
+    model.graph.initializer[0].CopyFrom(t)
+    copy = skeleton_copy(model, lambda tensor: [("location", "w.data")] if tensor.name == "w" else None)
+    out = copy.graph.initializer[0]
+    assert (out.name, list(out.dims), out.data_type, out.doc_string) == ("w", [3, 4], TensorProto.FLOAT, "a weight")
+    assert [(p.key, p.value) for p in out.metadata_props] == [("k", "v")]
+    assert not out.HasField("raw_data") and out.data_location == TensorProto.EXTERNAL
+    assert copy.graph.initializer[1] == model.graph.initializer[1]  # kept inline, whole
+
+
+def test_copy_false_converts_the_given_model_in_place() -> None:
+    model = _mlp()
+    before = model.SerializeToString()
+    kept, _ = convert_onnx(model)
+    assert model.SerializeToString() == before and kept is not model
+    converted, _ = convert_onnx(model, copy=False, planner="all")
+    assert converted is model
+    assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_weights_cast_while_writing_give_the_same_file(tmp_path, monkeypatch, dtype: str) -> None:
+    """The folded weights streamed after the model's bytes parse into the model ``.model`` returns,
+    ONNX Runtime runs it; a save with external data moves them into the model first."""
+    result = convert_onnx(_mlp(), planner="all", dtype=dtype)
+    assert [p.name for p in result._pending] == [f"w1_{dtype}", f"w2_{dtype}"]
+    result.save(tmp_path / "a.onnx")
+    assert result._pending  # a streaming save leaves them pending: a second save writes them again
+    streamed = onnx.load(tmp_path / "a.onnx")
+    onnx.checker.check_model(streamed, full_check=True)
+    assert streamed.SerializeToString() == result.model.SerializeToString()
+    assert not result._pending
+    if dtype == "fp16":
+        ort = pytest.importorskip("onnxruntime")
+        ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, {"x": np.ones((4, 64), np.float32)})
+    external = convert_onnx(_mlp(), planner="all", dtype=dtype)
+    external.save(tmp_path / "e.onnx", external=True)
+    assert not external._pending and (tmp_path / "e.onnx.data").is_file()
+    loaded = onnx.load(tmp_path / "e.onnx")
+    assert [numpy_helper.to_array(t).tobytes() for t in loaded.graph.initializer] == \
+        [numpy_helper.to_array(t).tobytes() for t in streamed.graph.initializer]
+
