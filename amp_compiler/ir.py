@@ -80,6 +80,9 @@ class Tensor:
     calibrated_peak: float | None = None
     #: set by the numerics pass: why this value cannot be held in the target low dtype, if so
     low_unsafe: str | None = None
+    #: set by the numerics pass: a mask sentinel (finfo.min) the emitter stores clamped to this
+    #: magnitude, the low dtype's largest finite value (docs/architecture.md, "Numerics")
+    saturate_to: float | None = None
 
     @property
     def is_constant(self) -> bool:

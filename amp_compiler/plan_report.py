@@ -83,6 +83,7 @@ def build_report(result: PlanResult) -> Report:
         "dtype": ctx.low_dtype, "planner": ctx.planner, "keep_io_types": ctx.keep_io_types,
         "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
         **_plan_fields(result),
+        **({"saturated_constants": dict(result.numerics.saturated)} if result.numerics.saturated else {}),
     }
     data = {
         "schema_version": SCHEMA_VERSION,

@@ -31,6 +31,12 @@ every op reading or writing a flagged value through a unit port in FP32):
    sigmoid, erf) through scale and shift becomes infer: where it overflows to inf the
    saturating op returns its limit, exactly as in FP32 (GELU's tanh form: x + 0.044715 x^3).
    A Pow the user denied by name stays deny.
+10. A mask sentinel: an initializer with values beyond the dtype's range (``finfo.min``) whose
+   value reaches only Softmax/LogSoftmax inputs through value flow (Where, Add, Sub, Mul,
+   data movement) is not flagged but stored clamped to a quarter of the dtype's largest
+   finite value, in FP32 and low copies alike: ``exp`` of either is 0 beside any unmasked
+   score, and scores added to it cannot overflow, so a fully masked row stays finite (an
+   -inf fill makes it NaN). The report lists each one (``summary["saturated_constants"]``).
 """
 
 from __future__ import annotations
@@ -40,13 +46,15 @@ from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import RANGES, DtypeRange
 from amp_compiler.registry import CLEAR, DENY, INFER
 
-from .numerics_chains import eps_chains, saturating_powers, trig_chains
+from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_chains
 
 from .base import Pass, PassResult, PlanContext, check
 from .result import NumericsFlags
 
 #: ops whose output carries their inputs' extreme values
 VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip"})
+#: a mask sentinel is stored as the dtype's max / this: scores added to it stay finite (rule 10)
+MASK_HEADROOM = 4.0
 #: share of nonzero values below the smallest subnormal that flags a constant (1 %)
 FLUSH_SHARE = 0.01
 QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
@@ -67,8 +75,14 @@ class NumericsPass(Pass):
         rng, label = RANGES[ctx.low_dtype], short(ctx.low_dtype).upper()
         tensors: dict[str, str] = {}
         ops: dict[str, str] = {}
-        for t in graph.tensors.values():  # 1, 3, 6
+        saturated: dict[str, str] = {}
+        for t in graph.tensors.values():  # 1, 3, 6, 10
             why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
+            if why and t.origin == "initializer" and t.stats.max_abs > rng.max and mask_sentinel(graph, t.name):
+                t.saturate_to, why = rng.max / MASK_HEADROOM, None
+                saturated[t.name] = (f"initializer {t.name} (max |w| = {t.stats.max_abs:.3g}) only masks softmax "
+                                     f"inputs: stored as +-{t.saturate_to:.5g}, a quarter of {label}'s largest "
+                                     f"finite value, so scores added to it cannot overflow")
             why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)
             if why:
                 tensors[t.name] = why
@@ -104,8 +118,8 @@ class NumericsPass(Pass):
                 op.forbid_low, changed = why, True
         qdq = sum(1 for why in ops.values() if why == QDQ_KEEP)
         details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops kept FP32 by a numerics " \
-                  f"rule, {qdq} ops in QDQ units"
-        return PassResult(graph, changed, details, NumericsFlags(tensors, ops))
+                  f"rule, {qdq} ops in QDQ units, {len(saturated)} mask sentinels stored as +-{rng.max / MASK_HEADROOM:.5g}"
+        return PassResult(graph, changed or bool(saturated), details, NumericsFlags(tensors, ops, saturated))
 
 
 #: (canonical op, input port) pairs that add their operand: an operand flushed to zero changes nothing

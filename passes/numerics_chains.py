@@ -116,6 +116,36 @@ def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], flo
     return None
 
 
+#: ops a mask value flows through on its way to the scores (where, add, sub, mul, neg, data movement)
+_MASK_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "expand", "unsqueeze", "reshape", "squeeze", "view",
+                        "transpose", "slice", "concat", "identity", "tile", "broadcast_to", "cast"})
+_MASK_SINKS = frozenset({"softmax", "log_softmax"})
+_MASK_WALK = 4096
+
+
+def mask_sentinel(graph: PrecisionGraph, tensor: str) -> bool:
+    """Whether ``tensor``'s value reaches only Softmax/LogSoftmax inputs (rule 10): a mask fill."""
+    frontier, seen, sinks = [tensor], {tensor}, 0
+    while frontier:
+        t = graph.tensors[frontier.pop()]
+        if t.is_graph_output or not t.consumers:
+            return False
+        for name, _ in t.consumers:
+            reader = graph.ops[name]
+            if reader.canonical in _MASK_SINKS:
+                sinks += 1
+                continue
+            if reader.canonical not in _MASK_FLOW:
+                return False
+            for out in reader.outputs:
+                if out and out not in seen:
+                    if len(seen) >= _MASK_WALK:
+                        return False
+                    seen.add(out)
+                    frontier.append(out)
+    return sinks > 0
+
+
 #: ops whose output tends to a finite limit as their input tends to +-inf
 SATURATING = frozenset({"tanh", "sigmoid", "erf"})
 #: scale and shift: an inf operand (from one source only) stays inf of a known sign
@@ -171,4 +201,4 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "saturating_powers", "trig_chains"]
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_sentinel", "saturating_powers", "trig_chains"]

@@ -22,6 +22,8 @@ class NumericsFlags:
 
     tensors: dict[str, str]
     ops: dict[str, str]
+    #: mask sentinels stored clamped to the dtype's finite range (rule 10): tensor -> reason
+    saturated: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

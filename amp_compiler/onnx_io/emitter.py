@@ -116,6 +116,9 @@ def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
     used |= {t.name for t in graph.tensors.values() if t.is_graph_output}
     declared = {i.name for i in g.input}
     unused = [i for i, init in enumerate(g.initializer) if init.name not in used and init.name not in declared]
+    for t in graph.tensors.values():  # mask sentinels first: their folded copies read the clamped values
+        if t.saturate_to is not None and t.scope == scope and t.name in imp.initializers:
+            _saturate(imp, imp.initializers[t.name], t.saturate_to)
     for t in graph.tensors.values():
         if t.folded_from and t.scope == scope and t.name in used and t.name not in imp.initializers:
             source = imp.initializers[t.folded_from]
@@ -139,6 +142,18 @@ def _fold_into(proto: TensorProto, t: Tensor, source: TensorProto, imp: OnnxImpo
         defer_cast(proto, t.name, source, dtype_to_onnx(t.dtype), base)
     else:
         _fill_tensor(proto, t.name, to_dtype(_array(source, imp), t.dtype))
+
+
+def _saturate(imp: OnnxImport, init: TensorProto, bound: float) -> None:
+    """Store a mask sentinel clamped to +-``bound`` (numerics rule 10), in place, FP32 kept."""
+    if init.data_location == TensorProto.EXTERNAL:
+        return  # a sentinel is a scalar or a small fill: never moved to external data by an exporter
+    values = np.clip(_array(init, imp), -bound, bound).astype(np.float32)
+    for field in ("float_data", "raw_data"):
+        init.ClearField(field)
+    init.raw_data = values.tobytes()
+    if init.name in imp.raw:
+        imp.raw[init.name] = init.raw_data
 
 
 def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:

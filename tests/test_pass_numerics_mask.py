@@ -1,0 +1,74 @@
+"""Rule 10 end to end: an additive attention mask filled with finfo(float32).min."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler import convert_onnx
+from amp_compiler.validate import compare_outputs, run_reference
+
+from .builders import fin, model, weight
+
+S, D = 16, 32
+FILL = float(np.finfo(np.float32).min)
+
+
+def _masked_attention(mask_reader: str = "Softmax"):
+    """q k^T + where(mask, 0, finfo.min) -> softmax -> v, as transformers' eager attention."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q_proj"),
+        helper.make_node("Transpose", ["q"], ["qt"], name="qt", perm=[1, 0]),
+        helper.make_node("MatMul", ["q", "qt"], ["scores"], name="scores"),
+        helper.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask_fill"),
+        helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask_add"),
+        helper.make_node(mask_reader, ["masked"], ["probs"], name="softmax"),
+        helper.make_node("MatMul", ["probs", "x"], ["ctx"], name="context"),
+        helper.make_node("MatMul", ["ctx", "Wo"], ["y"], name="out_proj"),
+    ]
+    inits = [weight("Wq", D, D, scale=0.2), weight("Wo", D, D, scale=0.2),
+             numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero"),
+             numpy_helper.from_array(np.array(FILL, dtype=np.float32), "fill")]
+    return model(nodes, [fin("x", S, D), fin("keep", S, S, dtype=TensorProto.BOOL)], [fin("y", S, D)], inits)
+
+
+def _fill_value(m) -> float:
+    return float(numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "fill")))
+
+
+@pytest.mark.parametrize("dtype, bound", [("fp16", 65504.0 / 4), ("bf16", None)])
+def test_mask_fill_is_stored_saturated_and_the_mask_path_runs_low(dtype, bound):
+    m = _masked_attention()
+    converted, report = convert_onnx(m, planner="all", dtype=dtype)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["mask_add"]["precision"] != "float32" and ops["softmax"]["precision"] != "float32"
+    saturated = report.summary.get("saturated_constants", {})
+    if bound is None:  # BF16 holds 3.39e38 but not finfo(float32).min: clamped to BF16's max
+        assert "fill" in saturated
+    else:
+        assert "fill" in saturated and "16376" in saturated["fill"]
+        assert -bound <= min(float(numpy_helper.to_array(i).min()) for i in converted.graph.initializer
+                             if i.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16))
+    assert _fill_value(m) == FILL  # the input model is left as it was
+
+
+def test_a_fully_masked_row_stays_finite_and_matches_fp32():
+    m = _masked_attention()
+    converted, _ = convert_onnx(m, planner="all")
+    rng = np.random.default_rng(0)
+    keep = rng.random((S, S)) < 0.7
+    keep[3] = False  # a fully masked row: -inf fills would make it NaN
+    feeds = {"x": rng.standard_normal((S, D)).astype(np.float32), "keep": keep}
+    ref, low = run_reference(m, feeds), run_reference(converted, feeds)
+    assert np.isfinite(low[0]).all()
+    rows = np.arange(S) != 3  # (FP32's fully masked row is a uniform average: no row to match)
+    assert compare_outputs(["y"], [ref[0][rows]], [low[0][rows]])[0]["max_rel_error"] < 1e-2
+
+
+def test_a_fill_that_reaches_anything_but_a_softmax_keeps_its_readers_fp32():
+    m = _masked_attention(mask_reader="Relu")
+    _, report = convert_onnx(m, planner="all")
+    ops = {o["name"]: o for o in report.ops}
+    assert "saturated_constants" not in report.summary
+    assert ops["mask_add"]["precision"] == "float32" and "beyond the FP16 range" in ops["mask_add"]["reason"]
