@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--planner", default="optimal", choices=["optimal", "greedy", "all"],
                    help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter; "
                         "all: every op that can safely run in the low dtype does, whatever the cost")
-    p.add_argument("--deny-propagation", action="store_true",
-                   help="TF's rule: an infer op fed by a deny op (Pow, a reduction) through infer/clear ops stays "
-                        "FP32 too, so a value of unknown range (an RMSNorm's mean square) is never cast to FP16; "
-                        "safer without calibration data, slower where such chains are long (GPT-2's tanh-GELU)")
+    p.add_argument("--deny-propagation", action=argparse.BooleanOptionalAction, default=True,
+                   help="TF's rule (on by default): an infer op fed by a deny op (Pow, a reduction) through "
+                        "infer/clear ops stays FP32 too, up to an op whose output is bounded (tanh, softmax, a "
+                        "norm), so a value of unknown range (an RMSNorm's mean square) is never cast to FP16 "
+                        "without calibration data; --no-deny-propagation lets such chains run low")
     p.add_argument("--deploy", default="ort-cuda", choices=list(RUNTIMES),
                    help="runtime the model will be deployed on, whose kernel fusions and launch costs the cost "
                         "model prices (default: ort-cuda, ONNX Runtime's CUDA EP; tensorrt and inductor fuse casts "

@@ -73,7 +73,7 @@ class _ExportRoute:
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=self.dynamic_shapes)
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs))
-        ctx = make_context(**{k: v for k, v in o.items() if k != "backend"})
+        ctx = _context(o)
         ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
         result = run_passes(imp.graph, ctx, self.source, imp.dim_values)
         folded = emit(imp, result)
@@ -123,6 +123,13 @@ class _DynamoRoute:
 
 
 _NOT_RUN = object()
+
+
+def _context(opts: dict):
+    """The plan context of ``compile``'s options (the same keys the torch.compile backend takes):
+    ``deploy`` names the runtime profile; by default inductor's when it runs the graph, else eager."""
+    plan_opts = {k: v for k, v in opts.items() if k not in ("backend", "deploy")}
+    return make_context(runtime=opts["deploy"] or default_runtime("torch", opts["backend"]), **plan_opts)
 
 
 def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, float]:
@@ -218,7 +225,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
             dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
-            deny_propagation: bool = False, max_plans: int = DEFAULT_PLAN_LIMIT, deploy: str | None = None,
+            deny_propagation: bool = True, max_plans: int = DEFAULT_PLAN_LIMIT, deploy: str | None = None,
             objective: str = "time") -> AmpModule:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
@@ -249,8 +256,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
-                runtime=deploy or default_runtime("torch", backend), objective=objective)
-    make_context(**{k: v for k, v in opts.items() if k != "backend"})  # bad options fail before any capture
+                deploy=deploy, objective=objective)
+    _context(opts)  # bad options fail before any capture
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__

@@ -85,11 +85,14 @@ def test_deny_ops_stay_fp32(name):
     for op in ops:
         if op["class"] == "deny":
             assert op["precision"] in ("float32", "n/a"), op
+    saturating = {o["name"] for o in ops if o["canonical"] == "pow" and o["class"] == "infer"}  # numerics rule 9
     seen = set()
     for node in case.compiled.graph.nodes:  # the same, read off the rewritten graph itself
         packet = getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
         val = node.meta.get("val")
         if packet in DENY_PACKETS and isinstance(val, torch.Tensor) and val.is_floating_point():
+            if packet == "pow" and saturating:  # the report holds them as infer, checked above
+                continue
             seen.add(packet)
             assert val.dtype == torch.float32, node.format_node()
     # normalisations and softmax may run in FP16: the registry says their kernels accumulate in FP32
@@ -97,8 +100,8 @@ def test_deny_ops_stay_fp32(name):
         row = DEFAULT_REGISTRY.by_canonical.get(op["canonical"])
         if op["precision"] == "float16" and row is not None and row.canonical in ("softmax", "layer_norm"):
             assert row.accumulates_fp32
-    if name == "gpt2":
-        assert "pow" in seen  # gelu_new's x**3
+    if name == "gpt2":  # gelu_new's x**3 feeds only tanh: numerics rule 9 lets it run FP16
+        assert any(o["canonical"] == "pow" and o["class"] == "infer" and o["precision"] == "float16" for o in ops)
 
 
 def test_report_names_are_module_path_and_aten_op():
