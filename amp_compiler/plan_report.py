@@ -83,7 +83,7 @@ def build_report(result: PlanResult) -> Report:
         "dtype": ctx.low_dtype, "planner": ctx.planner, "keep_io_types": ctx.keep_io_types,
         "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
         **_plan_fields(result),
-        **({"saturated_constants": dict(result.numerics.saturated)} if result.numerics.saturated else {}),
+        **_saturated(result),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -98,6 +98,13 @@ def build_report(result: PlanResult) -> Report:
     }
     fill_memory(data)  # summary's predicted_memory_* keys, where the planner did not set them
     return Report(data)
+
+
+def _saturated(result: PlanResult) -> dict[str, Any]:
+    """Mask fills stored saturated (numerics rule 10; the casts pass keeps those on all-FP32 paths)."""
+    kept = {name: why for name, why in result.numerics.saturated.items()
+            if result.graph.tensors[name].saturate_to is not None}
+    return {"saturated_constants": kept} if kept else {}
 
 
 def _plan_fields(result: PlanResult) -> dict[str, Any]:

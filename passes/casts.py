@@ -19,16 +19,19 @@ Rewrite cases:
 6. Existing sibling casts of one tensor to one dtype are merged.
 7. Casts left without consumers by these rewrites are removed (never one that writes
    a graph output).
+8. A mask fill the numerics pass would store saturated (rule 10) keeps its exact value when
+   the plan leaves its whole flow and the softmax it masks FP32.
 Casts end up on the smaller side of data-movement ops because the convert pass
 charges each cast by the bytes of the tensor it converts.
 """
 
 from __future__ import annotations
 
-from amp_compiler.dtypes import FLOAT_DTYPES, is_float, itemsize, short
+from amp_compiler.dtypes import FLOAT32, FLOAT_DTYPES, is_float, itemsize, short
 from amp_compiler.ir import ANY, CONSTANT, FIXED, OTHER, UNIT, Op, PrecisionGraph, Tensor
 
 from .base import Pass, PassResult, PlanContext, check
+from .numerics_chains import mask_flow
 from .result import CastChanges
 from .user_rules import runtime_cast
 
@@ -41,6 +44,7 @@ class CastPass(Pass):
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         original = {name: t.dtype for name, t in graph.tensors.items()}
+        _keep_unconverted_masks(graph)
         _retype_outputs(graph)
         _retype_free_inputs(graph, ctx, original)
         inserted, folded = _insert_casts(graph, ctx, original)
@@ -49,6 +53,16 @@ class CastPass(Pass):
         details = f"{inserted} casts inserted, {folded} constants folded, {removed} casts removed"
         return PassResult(graph, bool(inserted or folded or removed or retyped), details,
                           CastChanges(original, inserted, folded, removed))
+
+
+def _keep_unconverted_masks(graph: PrecisionGraph) -> None:
+    """A mask fill (numerics rule 10) is stored saturated only where the plan puts its flow, or
+    the softmax it masks, in the low dtype: an all-FP32 path keeps the source's value exactly."""
+    for t in graph.tensors.values():
+        if t.saturate_to is not None:
+            ops = mask_flow(graph, t.name) or ()
+            if all(graph.ops[name].precision in (None, FLOAT32) for name in ops):
+                t.saturate_to = None
 
 
 def _mismatched_unit_ports(graph: PrecisionGraph):

@@ -123,27 +123,33 @@ _MASK_SINKS = frozenset({"softmax", "log_softmax"})
 _MASK_WALK = 4096
 
 
-def mask_sentinel(graph: PrecisionGraph, tensor: str) -> bool:
-    """Whether ``tensor``'s value reaches only Softmax/LogSoftmax inputs (rule 10): a mask fill."""
-    frontier, seen, sinks = [tensor], {tensor}, 0
+def mask_flow(graph: PrecisionGraph, tensor: str) -> set[str] | None:
+    """The ops ``tensor``'s value flows through into Softmax/LogSoftmax inputs, sinks included, when
+    that is all it reaches (rule 10: a mask fill); None when it reaches anything else."""
+    frontier, seen, ops = [tensor], {tensor}, set()
     while frontier:
         t = graph.tensors[frontier.pop()]
         if t.is_graph_output or not t.consumers:
-            return False
+            return None
         for name, _ in t.consumers:
             reader = graph.ops[name]
+            ops.add(name)
             if reader.canonical in _MASK_SINKS:
-                sinks += 1
                 continue
             if reader.canonical not in _MASK_FLOW:
-                return False
+                return None
             for out in reader.outputs:
                 if out and out not in seen:
                     if len(seen) >= _MASK_WALK:
-                        return False
+                        return None
                     seen.add(out)
                     frontier.append(out)
-    return sinks > 0
+    return ops if any(graph.ops[o].canonical in _MASK_SINKS for o in ops) else None
+
+
+def mask_sentinel(graph: PrecisionGraph, tensor: str) -> bool:
+    """Whether ``tensor``'s value reaches only Softmax/LogSoftmax inputs (rule 10): a mask fill."""
+    return mask_flow(graph, tensor) is not None
 
 
 #: ops whose output tends to a finite limit as their input tends to +-inf
@@ -201,4 +207,4 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_sentinel", "saturating_powers", "trig_chains"]
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "saturating_powers", "trig_chains"]

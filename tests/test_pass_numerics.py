@@ -12,6 +12,9 @@ from .builders import IRBuilder
 
 
 def _numerics(b: IRBuilder, dtype: str = "fp16", **options):
+    """classify -> numerics -> propagate; deny propagation (a propagate rule, on by default) off unless
+    asked for, so each test sees its numerics rule alone."""
+    options.setdefault("deny_propagation", False)
     return b.run(ClassifyPass(), NumericsPass(), PropagatePass(), dtype=dtype, **options)[1]
 
 

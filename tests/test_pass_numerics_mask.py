@@ -53,6 +53,13 @@ def test_mask_fill_is_stored_saturated_and_the_mask_path_runs_low(dtype, bound):
     assert _fill_value(m) == FILL  # the input model is left as it was
 
 
+def test_a_mask_whose_path_stays_fp32_keeps_its_exact_value():
+    m = _masked_attention()
+    converted, report = convert_onnx(m, deny=("MatMul",))  # nothing tensor-core runs FP16: all FP32
+    assert "saturated_constants" not in report.summary
+    assert _fill_value(converted) == FILL
+
+
 def test_a_fully_masked_row_stays_finite_and_matches_fp32():
     m = _masked_attention()
     converted, _ = convert_onnx(m, planner="all")
