@@ -126,25 +126,29 @@ _MASK_WALK = 4096
 def mask_flow(graph: PrecisionGraph, tensor: str) -> set[str] | None:
     """The ops ``tensor``'s value flows through into Softmax/LogSoftmax inputs, sinks included, when
     that is all it reaches (rule 10: a mask fill); None when it reaches anything else."""
-    frontier, seen, ops = [tensor], {tensor}, set()
+    return _walk_to_sinks(graph, tensor, _MASK_SINKS, lambda reader, t: reader.canonical in _MASK_FLOW, _MASK_WALK)
+
+
+def _walk_to_sinks(graph: PrecisionGraph, tensor: str, sinks: frozenset[str], passes, limit: int) -> set[str] | None:
+    """Every op reached from ``tensor`` through readers ``passes(reader, tensor)`` lets through, up to
+    ops in ``sinks``; None when a path ends anywhere else (a graph output, another op, ``limit`` ops)."""
+    frontier, ops = [tensor], set()
     while frontier:
         t = graph.tensors[frontier.pop()]
         if t.is_graph_output or not t.consumers:
             return None
         for name, _ in t.consumers:
             reader = graph.ops[name]
-            ops.add(name)
-            if reader.canonical in _MASK_SINKS:
+            if reader.canonical in sinks:
+                ops.add(name)
                 continue
-            if reader.canonical not in _MASK_FLOW:
+            if name in ops:
+                continue
+            if not passes(reader, t) or len(ops) >= limit:
                 return None
-            for out in reader.outputs:
-                if out and out not in seen:
-                    if len(seen) >= _MASK_WALK:
-                        return None
-                    seen.add(out)
-                    frontier.append(out)
-    return ops if any(graph.ops[o].canonical in _MASK_SINKS for o in ops) else None
+            ops.add(name)
+            frontier += [out for out in reader.outputs if out]
+    return ops if any(graph.ops[o].canonical in sinks for o in ops) else None
 
 
 def mask_sentinel(graph: PrecisionGraph, tensor: str) -> bool:
@@ -183,23 +187,11 @@ def _exponent(graph: PrecisionGraph, op: Op) -> float | None:
 def _only_into_saturation(graph: PrecisionGraph, tensor: str) -> str | None:
     """The saturating op every path from ``tensor`` ends in through scale/shift ops that read the
     value once (so no inf - inf), or None."""
-    sinks: set[str] = set()
-    frontier, seen = [tensor], set()
-    while frontier:
-        t = graph.tensors[frontier.pop()]
-        if t.is_graph_output or not t.consumers:
-            return None
-        for name, _ in t.consumers:
-            reader = graph.ops[name]
-            if reader.canonical in SATURATING:
-                sinks.add(reader.op_type)
-            elif reader.canonical in _SCALE_SHIFT and sum(1 for i in reader.inputs if i == t.name) == 1 \
-                    and name not in seen and len(seen) < _MAX_CHAIN and reader.outputs and reader.outputs[0]:
-                seen.add(name)
-                frontier.append(reader.outputs[0])
-            else:
-                return None
-    return "/".join(sorted(sinks)) if sinks else None
+    ops = _walk_to_sinks(graph, tensor, SATURATING, lambda reader, t: reader.canonical in _SCALE_SHIFT and sum(
+        1 for i in reader.inputs if i == t.name) == 1, _MAX_CHAIN)
+    if ops is None:
+        return None
+    return "/".join(sorted({graph.ops[o].op_type for o in ops if graph.ops[o].canonical in SATURATING}))
 
 
 def _is_reduction(op: Op) -> bool:
