@@ -129,7 +129,7 @@ def _save(model, out: str) -> None:
 def main(argv: list[str]) -> int:
     tool, model_path, out_path, result_path = argv[:4]
     options = json.loads(argv[4]) if len(argv) > 4 else {}
-    result: dict = {"tool": tool, "model": model_path, "ok": False}
+    result: dict = {"tool": tool, "model": os.path.basename(model_path), "ok": False}  # no machine paths in results
     try:
         convert, versions, extras = _prepare(tool, options)
         result["versions"] = versions
