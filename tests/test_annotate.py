@@ -29,8 +29,9 @@ def _meta(node: onnx.NodeProto) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("ir_version", [9, 10])
-def test_nodes_carry_their_decision_and_the_model_still_checks_and_runs(ir_version):
-    out, report = convert_onnx(_model(ir_version), planner="all")  # 'all': FP16 ops, FP32 deny ops and casts
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])  # 'all': FP16 ops and casts
+def test_nodes_carry_their_decision_and_the_model_still_checks_and_runs(ir_version, options):
+    out, report = convert_onnx(_model(ir_version), **options)
     assert annotated_fraction(out) >= 0.9
     onnx.checker.check_model(out, full_check=True)
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -34,13 +34,16 @@ def _max_rel_error(original: onnx.ModelProto, converted: onnx.ModelProto) -> flo
 def test_small_model_converts_checks_loads_and_matches(name):
     path = export_onnx(name, "small")
     original = onnx.load(path)
-    converted, report = convert_onnx(path, planner="greedy")
+    converted, report = convert_onnx(path, planner="greedy", deploy="eager")
     onnx.checker.check_model(converted, full_check=True)
     assert report.summary["fp16_gemm_flop_fraction"] == 1.0
     assert report.summary["fp16_nodes"] > 0
-    # The greedy plan does convert. (That the emitted model, priced independently, costs exactly what
-    # the report says is pinned for the default planner below; for greedy plans that split a fused
-    # kernel with a cast, the ruler's groups, re-formed around the Cast node, can differ by a few %.)
+    # the greedy plan does convert: the emitted model, priced independently, costs what the report says.
+    # Priced on eager (every op its own kernel): on fusing profiles a greedy cast can split a fused
+    # kernel, which the energy prices as an upper bound and the ruler by re-forming the groups around
+    # the Cast node (they differ by up to 5 %); the default planner is checked on its default profile below.
+    assert analyze_model(converted, deploy="eager").predicted_time_s == pytest.approx(
+        report.summary["predicted_time_mixed_s"], rel=1e-9)
     err = _max_rel_error(original, converted)
     print(f"{name}-small: {report.summary['fp16_nodes']}/{report.summary['nodes']} ops FP16, "
           f"{report.summary['casts']} casts, max rel error {err:.2e}")

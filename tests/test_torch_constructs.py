@@ -274,3 +274,20 @@ def test_not_a_module_and_unknown_backend_are_refused():
         amp_compiler.compile(Block(), torch.ones(2, 256), backend="tensorrt")
     with pytest.raises(ValueError, match="fp16 or bf16"):
         amp_compiler.compile(Block(), torch.ones(2, 256), dtype=torch.float64)
+
+
+def test_merged_report_sums_every_graph_and_keeps_each_graphs_reasons():
+    from amp_compiler.fx_io.plans import merge_reports
+    from amp_compiler.report import Report
+
+    def graph(i: int, why: str) -> Report:
+        return Report({"source": f"g{i}", "ops": [{"name": f"mm{i}"}], "casts": [], "passes": [], "summary": {
+            "nodes": 1, "gemm_flops": 10.0, "fp16_gemm_flop_fraction": 0.5 * i, "predicted_time_fp32_s": 2.0,
+            "predicted_time_mixed_s": 1.0, "predicted_time_all_fp16_s": 1.0, "predicted_memory_mixed_bytes": 100 * i,
+            "predicted_memory_weights_fp32_bytes": 40, "fp32_tensor_core_why": why}})
+
+    s = merge_reports([graph(1, "FP32 by cost"), graph(2, "")], "Model", "dynamo").summary
+    assert s["graphs"] == 2 and s["nodes"] == 2 and s["predicted_time_mixed_s"] == 2.0
+    assert s["predicted_memory_mixed_bytes"] == 300 and s["predicted_memory_weights_fp32_bytes"] == 80
+    assert s["fp16_gemm_flop_fraction"] == pytest.approx(0.75)
+    assert s["fp32_tensor_core_why"] == "graph 0: FP32 by cost"

@@ -25,6 +25,9 @@ from ..report import Report
 DEFAULT_PLAN_LIMIT = 8
 _SUMMED = ("nodes", "fp16_nodes", "fp32_nodes", "casts", "inserted_casts", "cast_bytes", "gemm_flops",
            "predicted_time_fp32_s", "predicted_time_mixed_s", "predicted_time_all_fp16_s")
+#: every ``predicted_memory_*`` key is summed too: each graph's weights are its own, and the sum of
+#: the peak activations of graphs that run one after another is an upper bound
+_MEMORY_PREFIX = "predicted_memory_"
 
 
 def finite_peak(t: torch.Tensor) -> float:
@@ -107,7 +110,7 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
         passes += [{**p, "graph": i} for p in r.passes]
         alignment += list(r.alignment)
     summary = dict(reports[0].summary)
-    for key in _SUMMED:
+    for key in (*_SUMMED, *(k for k in summary if str(k).startswith(_MEMORY_PREFIX))):
         summary[key] = sum(r.summary.get(key, 0) or 0 for r in reports)
     low = sum((r.summary.get("fp16_gemm_flop_fraction", 1.0) or 0.0) * (r.summary.get("gemm_flops", 0) or 0)
               for r in reports)
@@ -117,6 +120,12 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
     summary["predicted_speedup_vs_all_fp16"] = summary["predicted_time_all_fp16_s"] / mixed if mixed else 1.0
     summary["dim_values"] = {k: v for r in reports for k, v in (r.summary.get("dim_values") or {}).items()}
     summary["unknown_ops"] = sorted({u for r in reports for u in r.summary.get("unknown_ops", [])})
+    why = [r.summary.get("fp32_tensor_core_why") for r in reports]
+    summary["fp32_tensor_core_why"] = "\n".join(f"graph {i}: {w}" if len(reports) > 1 else w
+                                                 for i, w in enumerate(why) if w)
+    saturated = {k: v for r in reports for k, v in (r.summary.get("saturated_constants") or {}).items()}
+    if saturated:
+        summary["saturated_constants"] = saturated
     summary.update(capture=capture, graphs=len(reports), graph_sources=[r.source for r in reports])
     return Report({**first, "source": source, "summary": summary, "ops": ops, "casts": casts,
                    "passes": passes, "alignment": alignment})
