@@ -90,7 +90,7 @@ def analyze_model(model: ModelProto | str | os.PathLike, *, target: str = "h100"
     gemm = low_gemm = 0.0
     float_ops = low_ops = casts = cast_bytes = 0
     for op in graph.ops.values():
-        if op.canonical == "cast" and op.op_type == "Cast":
+        if op.canonical == "cast" and op.op_type in ("Cast", "CastLike"):  # CastLike: onnx_io/ort_fusions.py
             src, dst = _cast_dtypes(graph, op)
             if src is None:
                 continue

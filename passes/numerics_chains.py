@@ -4,6 +4,8 @@
   that argument from integers and constants alone (RoPE's position x inv_freq), stay FP32.
 * ``eps_chains``: reduction -> add-eps -> sqrt/rsqrt/reciprocal stays FP32 when eps is below
   the dtype's smallest normal; an output the dtype cannot hold (1/eps) is flagged.
+* ``normalisations``: a written-out LayerNorm/RMSNorm's final Div (or Mul by the reciprocal root)
+  writes a bounded value: deny propagation stops there as at LayerNormalization.
 * ``saturating_powers``: a small power (x^2, x^3) whose value reaches only a saturating op
   (tanh, sigmoid, erf) through scaling and shifting is safe in the low dtype: where it
   overflows to inf the saturating op returns its limit, as FP32 does (GELU's tanh form).
@@ -80,7 +82,7 @@ def eps_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> tuple[dict
         found = _chain_to_reduction(graph, op)
         if found is None:
             continue
-        between, eps = found
+        between, eps, _ = found
         if eps >= rng.min_normal:
             continue
         why = (f"{op.op_type} of a reduction plus eps {eps:.3g}: below {label}'s smallest normal "
@@ -93,8 +95,9 @@ def eps_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> tuple[dict
     return ops, tensors
 
 
-def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], float] | None:
-    """The ops between a reduction and ``root`` and the smallest positive constant they add, or None."""
+def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], float, Op] | None:
+    """The ops between a reduction and ``root``, the smallest positive constant they add and the
+    reduction, or None."""
     between: list[str] = []
     eps = None
     tensor = root.inputs[0]
@@ -103,7 +106,7 @@ def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], flo
         if op is None:
             return None
         if _is_reduction(op):
-            return (between, eps) if eps is not None else None
+            return (between, eps, op) if eps is not None else None
         if op.canonical not in _BETWEEN or not op.inputs or not op.inputs[0]:
             return None
         between.append(op.name)
@@ -114,6 +117,36 @@ def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], flo
                 eps = value if eps is None else min(eps, value)
         tensor = next((i for i in op.inputs if i and graph.tensors[i].stats is None), op.inputs[0])
     return None
+
+
+def normalisations(graph: PrecisionGraph) -> set[str]:
+    """Ops that write a written-out normalisation's result (bounded by sqrt(n) like LayerNorm's):
+    ``Div(v, Sqrt(mean(v^2) + eps))`` or ``Mul(v, Reciprocal/Rsqrt(...))``, with v the tensor whose
+    square was reduced (``x`` for RMSNorm, ``x - mean`` for LayerNorm). Deny propagation stops there."""
+    out = set()
+    for op in graph.ops.values():
+        if op.canonical not in ("div", "mul") or len(op.inputs) != 2 or not all(op.inputs):
+            continue
+        pairs = [(op.inputs[0], op.inputs[1])] if op.canonical == "div" else [tuple(op.inputs), tuple(op.inputs[::-1])]
+        if any(_root_of_squares(graph, scale, value, reciprocal=op.canonical == "mul") for value, scale in pairs):
+            out.add(op.name)
+    return out
+
+
+def _root_of_squares(graph: PrecisionGraph, tensor: str, value: str, reciprocal: bool) -> bool:
+    """Whether ``tensor`` is sqrt (1/sqrt when ``reciprocal``) of a reduction over ``value`` squared, plus eps."""
+    root = graph.producer(tensor)
+    if root is None:
+        return False
+    if reciprocal and root.canonical == "reciprocal" and root.inputs and root.inputs[0]:
+        root = graph.producer(root.inputs[0])
+        reciprocal = False
+    if root is None or root.canonical != ("rsqrt" if reciprocal else "sqrt"):
+        return False
+    found = _chain_to_reduction(graph, root)
+    square = graph.producer(found[2].inputs[0]) if found and found[2].inputs and found[2].inputs[0] else None
+    return square is not None and square.canonical in ("pow", "mul") and value in square.inputs and (
+        square.canonical == "mul" and square.inputs[0] == square.inputs[1] or _exponent(graph, square) == 2.0)
 
 
 #: ops a mask value flows through on its way to the scores (where, add, sub, mul, neg, data movement)
@@ -199,4 +232,5 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "saturating_powers", "trig_chains"]
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations",
+           "saturating_powers", "trig_chains"]

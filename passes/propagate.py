@@ -15,8 +15,8 @@ Rewrite cases:
 4. With ``ctx.deny_propagation`` (TF's rule), an infer op fed by a deny op through
    infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
    way to an allow op is left to the cost model. The walk stops at ops whose output is
-   bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``);
-   they stay candidates.
+   bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``, and the
+   final Div/Mul of a written-out LayerNorm/RMSNorm: ``normalisations``); they stay candidates.
 5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -38,7 +38,7 @@ from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
-from .numerics_chains import BOUNDED
+from .numerics_chains import BOUNDED, normalisations
 from .user_rules import forced_low
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
@@ -133,6 +133,7 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str
     each tainted op with the deny op behind it and the op that led there.
     """
     reached: dict[str, tuple[str, str]] = {}
+    bounded = normalisations(graph)
     queue = deque((op.name, op.name) for op in graph.ops.values() if op.op_class == DENY)
     while queue:
         name, source = queue.popleft()
@@ -143,7 +144,7 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str
             for cons, cport in graph.tensors[out].consumers:
                 passes_through = cons in candidates or graph.ops[cons].precision == FLOAT32  # FP32 for another rule
                 if passes_through and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
-                        and graph.ops[cons].canonical not in BOUNDED \
+                        and graph.ops[cons].canonical not in BOUNDED and cons not in bounded \
                         and graph.ops[cons].input_roles[cport] in (UNIT, ANY):
                     reached[cons] = (source, name)
                     queue.append((cons, source))

@@ -216,6 +216,26 @@ def test_deny_propagation_stops_at_ops_whose_output_is_bounded(bounded_op):
     assert b2.graph.ops["scaled"].eligible
 
 
+@pytest.mark.parametrize("form", ["div_by_root", "mul_by_reciprocal", "other_numerator"])
+def test_deny_propagation_stops_at_a_written_out_norms_result(form):
+    b = IRBuilder()
+    h = b.op("MatMul", [b.input("x"), b.input("w0")], "mm0")
+    ms = b.op("ReduceMean", [b.op("Pow", [h, b.const("two", 2.0)], "pow")], "mean")  # deny
+    root = b.op("Sqrt", [b.op("Add", [ms, b.const("eps", 1e-3)], "add_eps")], "sqrt")
+    if form == "mul_by_reciprocal":  # Llama: x * 1/sqrt(mean(x^2) + eps)
+        normed = b.op("Mul", [h, b.op("Reciprocal", [root], "recip")], "norm")
+    else:  # T5: x / sqrt(mean(x^2) + eps); or some other value divided by that root (not bounded)
+        normed = b.op("Div", [h if form == "div_by_root" else b.input("v"), root], "norm")
+    b.output(b.op("MatMul", [b.op("Mul", [normed, b.input("gamma")], "scale"), b.input("w")], "mm"))
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), planner="all", deny_propagation=True)
+    ops = b.graph.ops
+    assert "downstream of deny op mean" in ops["sqrt"].reason  # the statistics stay FP32
+    bounded = form != "other_numerator"  # |x / rms(x)| <= sqrt(n), as LayerNormalization's output
+    assert ops["norm"].eligible is bounded and ops["scale"].eligible is bounded
+    if not bounded:
+        assert "downstream of deny op mean" in ops["scale"].reason
+
+
 @pytest.mark.parametrize("bounded", [True, False])
 def test_trig_of_a_bounded_argument_may_go_low_and_of_an_unbounded_one_not(bounded):
     b = IRBuilder()

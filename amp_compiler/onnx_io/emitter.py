@@ -20,6 +20,7 @@ from .dtypes import dtype_to_onnx
 from .files import defer_cast
 from .importer import OnnxImport
 from .order import replace_nodes
+from .ort_fusions import castlike_casts
 from .stream import PendingCast
 
 if TYPE_CHECKING:
@@ -36,9 +37,14 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
     graph, model = imp.graph, imp.model
     original = result.original_dtypes
     scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
+    castlike = castlike_casts(graph)
+    likes: dict[tuple[str, str], str] = {}  # (scope, dtype) -> scalar initializer CastLike reads
     for name, op in graph.ops.items():
         node = imp.nodes.get(name)
-        if node is None:  # inserted by a pass
+        if node is None and name in castlike:  # ONNX Runtime's LayerNorm fusion would absorb a Cast
+            like = likes.setdefault((op.scope, op.attrs["to"]), graph.fresh_name(f"castlike_{op.attrs['to']}"))
+            node = helper.make_node("CastLike", [op.inputs[0], like], op.outputs, name=name)
+        elif node is None:  # inserted by a pass
             node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
         else:
             if list(node.input) != op.inputs:
@@ -55,6 +61,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
         g = imp.graphs[scope]
         replace_nodes(g, scopes[scope])
         _write_initializers(imp, g, scope)
+        g.initializer.extend(_scalar(like, dtype) for (s, dtype), like in likes.items() if s == scope)
         _update_types(graph, g, scope, original)
     return model
 
@@ -154,6 +161,13 @@ def _saturate(imp: OnnxImport, init: TensorProto, bound: float) -> None:
     init.raw_data = values.tobytes()
     if init.name in imp.raw:
         imp.raw[init.name] = init.raw_data
+
+
+def _scalar(name: str, dtype: str) -> TensorProto:
+    """A zero of ``dtype``: the type operand of an emitted CastLike."""
+    proto = TensorProto()
+    _fill_tensor(proto, name, to_dtype(np.zeros((), np.float32), dtype))
+    return proto
 
 
 def _fill_tensor(proto: TensorProto, name: str, values: np.ndarray) -> None:
