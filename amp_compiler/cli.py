@@ -101,12 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--planner", default="optimal", choices=["optimal", "greedy", "all"],
                    help="optimal: exact min-cut over op and cast costs (default); greedy: TF-style painter; "
                         "all: every op that can safely run in the low dtype does, whatever the cost")
-    p.add_argument("--deny-propagation", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--deny-propagation", action=argparse.BooleanOptionalAction, default=True,
                    help="TF's rule: an infer op fed by a deny op (Pow, a reduction) through infer/clear ops "
                         "stays FP32 too, up to an op whose output is bounded (tanh, softmax, a norm), so a value "
-                        "of unknown range is never cast to FP16 without calibration data (off by default: the "
-                        "numerics rules cover RMSNorm, GELU and masks, and ONNX Runtime <= 1.32 cannot load a "
-                        "decomposed LayerNorm kept FP32 behind an FP16 producer)")
+                        "of unknown range is never cast to FP16 without calibration data (on by default; "
+                        "--no-deny-propagation leaves those ops to the cost model)")
     p.add_argument("--deploy", default="ort-cuda", choices=list(RUNTIMES),
                    help="runtime the model will be deployed on, whose kernel fusions and launch costs the cost "
                         "model prices (default: ort-cuda, ONNX Runtime's CUDA EP; tensorrt and inductor fuse casts "

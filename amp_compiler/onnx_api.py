@@ -34,7 +34,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                  source: str | None = None, calibrate: bool = False,
                  calibration_inputs: dict | None = None,
                  base_dir: str | os.PathLike | None = None,
-                 deny_propagation: bool = False, exclude_nodes: Iterable[str] = (),
+                 deny_propagation: bool = True, exclude_nodes: Iterable[str] = (),
                  include_nodes: Iterable[str] = (), force_ops: Iterable[str] = (),
                  max_reduction_depth: int | None = None, init_max_bytes: int | None = None,
                  custom_ops: str | os.PathLike | dict | list | None = None,
@@ -61,9 +61,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
       unknown ops, ops whose schema refuses the low dtype, and ops reading constants
       out of its range stay FP32 as always. Useful as the "everything FP16" baseline
       and for conformance runs over single-op models.
-    ``deny_propagation=True`` applies TF's rule: an infer op fed by a deny op through
+    ``deny_propagation`` (on by default) applies TF's rule: an infer op fed by a deny op through
     infer/clear ops stays FP32 too, up to an op whose output is bounded (the range of a Pow
-    or reduction output is unknown). Off by default (docs/architecture.md, "Passes").
+    or reduction output is unknown); ``False`` opts out (docs/architecture.md, "Passes").
     ``target`` is a device name (``cost_model.DEVICES``), a ``DeviceSpec``, a dict of device
     figures or the path of a JSON file of them (``cost_model.device_from_dict``).
     The rules users bring from ModelOpt AutoCast (``docs/migrating.md``): ``exclude_nodes`` /

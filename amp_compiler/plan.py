@@ -22,7 +22,7 @@ def make_context(*, target: str = "h100", dtype: str = "fp16", planner: str = "o
                  keep_io_types: bool = True, allow: Iterable[str] = (), deny: Iterable[str] = (),
                  deny_nodes: Iterable[str] = (), training: bool = False, default_dim: int = 8,
                  profile=None, progress: Callable[[str], None] | None = None,
-                 deny_propagation: bool = False, runtime: str = "eager",
+                 deny_propagation: bool = True, runtime: str = "eager",
                  objective: str = "time") -> PlanContext:
     """Validate user options once and pack them for the passes.
 

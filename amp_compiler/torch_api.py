@@ -225,7 +225,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             deny: Iterable[str] = (), deny_nodes: Iterable[str] = (), planner: str = "optimal",
             backend: str | None = None, training: bool | None = None, keep_io_types: bool = True,
             dynamic_shapes: Any = None, default_dim: int = 8, profile=None,
-            deny_propagation: bool = False, max_plans: int = DEFAULT_PLAN_LIMIT, deploy: str | None = None,
+            deny_propagation: bool = True, max_plans: int = DEFAULT_PLAN_LIMIT, deploy: str | None = None,
             objective: str = "time") -> AmpModule:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 

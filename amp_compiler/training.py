@@ -234,7 +234,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      dtype: torch.dtype | str = torch.float16, backend: str | None = None,
                      planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int = 1,
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                     growth_interval: int = 2000, deny_propagation: bool = False,
+                     growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
                      max_captures: int = 8) -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.

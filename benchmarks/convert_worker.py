@@ -69,7 +69,7 @@ def _prepare(tool: str, options: dict):
         versions["amp_compiler"] = amp_compiler.__version__
 
         kwargs = {"planner": options.get("planner", "optimal"),
-                  "deny_propagation": bool(options.get("deny_propagation"))}
+                  "deny_propagation": bool(options.get("deny_propagation", True))}
         if options.get("calibration_data"):
             import numpy as np
 

@@ -94,7 +94,7 @@ class PlanContext:
     planner: str = "optimal"  # one of PLANNERS
     keep_io_types: bool = True
     training: bool = False  # weights are FP32 master copies: casting one costs every step
-    deny_propagation: bool = False  # infer ops fed by a deny op through infer/clear ops stay FP32 (TF's rule)
+    deny_propagation: bool = True  # infer ops fed by a deny op through infer/clear ops stay FP32 (TF's rule)
     allow: frozenset[str] = frozenset()  # op types or canonical names forced to class allow
     deny: frozenset[str] = frozenset()  # op types or canonical names forced to class deny
     deny_nodes: frozenset[str] = frozenset()  # op names kept FP32

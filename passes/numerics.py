@@ -37,6 +37,11 @@ every op reading or writing a flagged value through a unit port in FP32):
    finite value, in FP32 and low copies alike: ``exp`` of either is 0 beside any unmasked
    score, and scores added to it cannot overflow, so a fully masked row stays finite (an
    -inf fill makes it NaN). The report lists each one (``summary["saturated_constants"]``).
+11. A product with a tiny constant factor (a GEMM/conv weight or a Mul scale whose max |c| times
+   sqrt of the terms summed lies below the dtype's smallest normal) writes values that O(1)
+   activations leave below it too; that magnitude is followed forward (data movement, Relu,
+   Mul/Div by constants, sums of such values) until a rescale lifts it, and every value on
+   the way is flagged like a constant (``numerics_magnitude.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from amp_compiler.numerics import RANGES, DtypeRange
 from amp_compiler.registry import CLEAR, DENY, INFER
 
 from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_chains
+from .numerics_magnitude import tiny_products
 
 from .base import Pass, PassResult, PlanContext, check
 from .result import NumericsFlags
@@ -103,6 +109,8 @@ class NumericsPass(Pass):
         for name, why in overflowing.items():
             tensors.setdefault(name, why)
         _follow_value_flow(graph, tensors)  # 5
+        for name, why in tiny_products(graph, rng, label).items():  # 11: after 5, which would pass a rescale
+            tensors.setdefault(name, why)
         changed = False
         for name, why in saturating_powers(graph).items():  # 9
             op = graph.ops[name]

@@ -39,7 +39,7 @@ from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
 from .numerics_chains import BOUNDED, normalisations
-from .user_rules import forced_low
+from .user_rules import forced_low, kept_by_name
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
@@ -78,7 +78,7 @@ class PropagatePass(Pass):
                 op.precision = None
                 candidates.append(op.name)
         if ctx.deny_propagation:
-            tainted = _downstream_of_deny(graph, set(candidates))
+            tainted = _downstream_of_deny(graph, set(candidates), ctx)
             for name, (source, via) in tainted.items():
                 op = graph.ops[name]
                 op.precision = FLOAT32
@@ -124,17 +124,19 @@ class PropagatePass(Pass):
         return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
 
 
-def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str]) -> dict[str, tuple[str, str]]:
+def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanContext) -> dict[str, tuple[str, str]]:
     """Infer ops fed by a deny op through infer/clear ops, and the clear ops between them (TF's rule).
 
     ``deny -> infer -> clear -> infer -> clear -> allow`` taints the two infer ops and the
     clear op between them; the clear op in front of the allow op stays a candidate. The walk
     passes through ops already FP32 for another rule (an add-eps the numerics pass kept). Returns
-    each tainted op with the deny op behind it and the op that led there.
+    each tainted op with the deny op behind it and the op that led there. A node the user kept FP32
+    by name (``deny_nodes``, ``exclude_nodes``) is no seed: that says where to keep FP32, not that
+    its values are of unknown range.
     """
     reached: dict[str, tuple[str, str]] = {}
     bounded = normalisations(graph)
-    queue = deque((op.name, op.name) for op in graph.ops.values() if op.op_class == DENY)
+    queue = deque((op.name, op.name) for op in graph.ops.values() if op.op_class == DENY and not kept_by_name(op.name, ctx))
     while queue:
         name, source = queue.popleft()
         op = graph.ops[name]

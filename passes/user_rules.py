@@ -78,6 +78,11 @@ def _rules(ctx: PlanContext) -> UserRules:
     return getattr(ctx, "user_rules", None) or UserRules()
 
 
+def kept_by_name(name: str, ctx: PlanContext) -> bool:
+    """Whether the user keeps op ``name`` FP32 by name (``deny_nodes`` or an ``exclude_nodes`` pattern)."""
+    return name in ctx.deny_nodes or _rules(ctx).match("exclude_nodes", name) is not None
+
+
 def forced_low(graph: PrecisionGraph, ctx: PlanContext) -> dict[str, str]:
     """Op name -> why the user forced it low (``force_low_nodes``, ``force_ops``, ``include_nodes``).
 
@@ -177,5 +182,5 @@ def runtime_cast(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
             and graph.nbytes(t) > rules.init_max_bytes)
 
 
-__all__ = ["UserRules", "apply_user_rules", "forced_low", "note_forced", "pin_forced", "reduction_depth",
+__all__ = ["kept_by_name", "UserRules", "apply_user_rules", "forced_low", "note_forced", "pin_forced", "reduction_depth",
            "runtime_cast"]

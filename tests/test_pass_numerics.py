@@ -291,3 +291,41 @@ def test_a_power_the_user_denies_stays_deny():
     b = _tanh_gelu(3.0)
     _numerics(b, planner="all", deny={"Pow"})
     assert b.graph.ops["pow"].op_class == "deny" and not b.graph.ops["pow"].eligible
+
+
+def _tiny_weight_graph(scale: float, rescale: float | None = None):
+    """x -> MatMul(w ~ scale) [-> Mul(rescale)] -> LayerNormalization -> MatMul."""
+    b = IRBuilder()
+    w = b.const("w", np.full((256, 256), scale))
+    h = b.op("MatMul", [b.input("x"), w], "proj")
+    if rescale is not None:
+        h = b.op("Mul", [h, b.const("k", rescale)], "rescale")
+    ln = b.op("LayerNormalization", [h, b.input("g"), b.input("beta")], "ln")
+    b.output(b.op("MatMul", [ln, b.input("w2")], "out"))
+    return b
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_tiny_weights_keep_their_products_fp32_until_a_rescale(dtype):
+    # 2e-7: above FP16's smallest subnormal (rule 1 keeps the weight), yet x @ w ~ 2e-7 * sqrt(256) is subnormal
+    b = _tiny_weight_graph(2e-7)
+    result = _numerics(b, dtype, planner="all")
+    ops = b.graph.ops
+    if dtype == "bf16":  # BF16 has FP32's exponent range: nothing to flag
+        assert not result.output.tensors and ops["proj"].eligible and ops["ln"].eligible
+        return
+    assert "w" not in result.output.tensors  # the constant itself is storable ...
+    why = result.output.tensors["proj_out"]  # ... its product is not
+    assert "constant w times O(1) activations" in why and "below the smallest FP16 normal" in why
+    assert not ops["proj"].eligible and not ops["ln"].eligible and "constant w" in ops["ln"].reason
+    assert ops["out"].eligible  # the normalised value is O(1) again
+    rescaled = _tiny_weight_graph(2e-7, rescale=1e4)  # the rescale ends the walk: LayerNorm may go low
+    flags = _numerics(rescaled, dtype, planner="all").output.tensors
+    assert "proj_out" in flags and "rescale_out" not in flags
+    assert rescaled.graph.ops["ln"].eligible and not rescaled.graph.ops["rescale"].eligible
+
+
+def test_zero_and_ordinary_weights_flag_no_product():
+    for scale in (0.0, 0.05):  # exact zeros (a pruned layer) stay exact; ordinary weights are O(1)
+        b = _tiny_weight_graph(scale)
+        assert "proj_out" not in _numerics(b, planner="all").output.tensors and b.graph.ops["ln"].eligible

@@ -326,7 +326,10 @@ def test_weights_fp16_cannot_hold_keep_their_op_fp32(value, phrase):
     out, report = convert_onnx(m)
     ops = {o["name"]: o for o in report.ops}
     assert ops["mm_bad"]["precision"] == "float32" and phrase in ops["mm_bad"]["reason"]
-    assert ops["mm_ok"]["precision"] == "float16"
+    if value < 1:  # x @ W ~ 3e-8 is below FP16's smallest normal too: its reader stays FP32 (numerics rule 11)
+        assert ops["mm_ok"]["precision"] == "float32" and "constant W times O(1) activations" in ops["mm_ok"]["reason"]
+    else:
+        assert ops["mm_ok"]["precision"] == "float16"
     stored = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
     np.testing.assert_array_equal(stored["W"], w)  # untouched: no clamp, no sign flip
 
@@ -367,13 +370,14 @@ def test_graph_output_also_read_by_fp32_op_keeps_its_name_and_dtype():
         assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
 
 
-def _rms_norm(d=512, n=256):
-    """T5-style RMSNorm (Pow/ReduceMean/Sqrt/Div) feeding a GEMM, plus a Reshape into another GEMM."""
+def _rms_norm(d=512, n=256, numerator="x"):
+    """T5-style RMSNorm (Pow/ReduceMean/Sqrt/Div) feeding a GEMM, plus a Reshape into another GEMM.
+    ``numerator="v"`` divides another input by the root: not a normalisation, so not bounded."""
     nodes = [helper.make_node("Pow", ["x", "two"], ["sq"], name="pow"),
              helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean", keepdims=1),
              helper.make_node("Add", ["ms", "eps"], ["ms_eps"], name="add_eps"),
              helper.make_node("Sqrt", ["ms_eps"], ["rms"], name="sqrt"),
-             helper.make_node("Div", ["x", "rms"], ["normed"], name="div"),
+             helper.make_node("Div", [numerator, "rms"], ["normed"], name="div"),
              helper.make_node("MatMul", ["normed", "W"], ["y"], name="proj"),
              helper.make_node("Reshape", ["sq", "shape"], ["sq2"], name="reshape"),
              helper.make_node("MatMul", ["sq2", "W"], ["z"], name="proj_sq")]
@@ -381,13 +385,14 @@ def _rms_norm(d=512, n=256):
               numpy_helper.from_array(np.array([-1], np.int64), "axes"),
               numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
               numpy_helper.from_array(np.array([n, d], np.int64), "shape"), weight("W", d, d)]
-    return model(nodes, [fin("x", n, d)], [fin("y", n, d), fin("z", n, d)], consts)
+    inputs = [fin("x", n, d)] + ([fin(numerator, n, d)] if numerator != "x" else [])
+    return model(nodes, inputs, [fin("y", n, d), fin("z", n, d)], consts)
 
 
 def test_deny_propagation_keeps_infer_ops_fed_by_deny_ops_fp32():
-    m = _rms_norm()
-    _, plain = convert_onnx(m, planner="all")
-    _, strict = convert_onnx(m, planner="all", deny_propagation=True)
+    m = _rms_norm(numerator="v")
+    _, plain = convert_onnx(m, planner="all", deny_propagation=False)
+    _, strict = convert_onnx(m, planner="all")  # deny propagation is on by default
     plain_ops, strict_ops = ({o["name"]: o for o in r.ops} for r in (plain, strict))
     # eps 1e-6 is below FP16's smallest normal: the numerics pass keeps add-eps and sqrt FP32 either way
     for name in ("add_eps", "sqrt"):
@@ -400,6 +405,8 @@ def test_deny_propagation_keeps_infer_ops_fed_by_deny_ops_fp32():
     # a clear op on the way to an allow op is not tainted: the cost model decides it
     assert "downstream of deny op" not in strict_ops["reshape"]["reason"]
     assert strict_ops["proj_sq"]["precision"] == "float16"
+    # a true RMSNorm's x / rms is bounded (as LayerNormalization's output): the walk stops there
+    assert {o["name"]: o for o in convert_onnx(_rms_norm(), planner="all")[1].ops}["div"]["precision"] == "float16"
 
 
 def test_eps_chain_rule_and_deny_propagation_each_save_an_rms_norm_from_overflow(monkeypatch):
@@ -414,16 +421,18 @@ def test_eps_chain_rule_and_deny_propagation_each_save_an_rms_norm_from_overflow
         y = run_reference(convert_onnx(m, planner="all", **options)[0], feeds)[0]
         return float(np.max(np.abs(y - ref)) / np.max(np.abs(ref))) if np.all(np.isfinite(y)) else np.inf
 
-    assert error() < 1e-2  # by default: the add-eps -> sqrt chain stays FP32 (numerics rule 8)
+    assert error(deny_propagation=False) < 1e-2  # the add-eps -> sqrt chain stays FP32 (numerics rule 8)
     monkeypatch.setattr(passes.numerics, "eps_chains", lambda *args: ({}, {}))
-    assert error() > 0.5  # without that rule mean(x^2) ~ 1e6 is inf in FP16: x / inf = 0
-    assert error(deny_propagation=True) < 1e-2
+    assert error(deny_propagation=False) > 0.5  # without that rule mean(x^2) ~ 1e6 is inf in FP16: x / inf = 0
+    assert error() < 1e-2  # deny propagation (on by default) keeps it FP32 up to the bounded x / rms
 
 
 def test_cli_deny_propagation_flag(tmp_path):
     from amp_compiler import Report, cli
 
     src, report = tmp_path / "m.onnx", tmp_path / "r.json"
-    onnx.save(_rms_norm(), src)
-    assert cli.main([str(src), "--dry-run", "--planner", "all", "--deny-propagation", "--report", str(report), "-q"]) == 0
-    assert "downstream of deny op mean through sqrt" in {o["name"]: o for o in Report.from_json(report).ops}["div"]["reason"]
+    onnx.save(_rms_norm(numerator="v"), src)
+    for flag, tainted in (([], True), (["--deny-propagation"], True), (["--no-deny-propagation"], False)):
+        assert cli.main([str(src), "--dry-run", "--planner", "all", *flag, "--report", str(report), "-q"]) == 0
+        div = {o["name"]: o for o in Report.from_json(report).ops}["div"]
+        assert ("downstream of deny op mean through sqrt" in div["reason"]) is tainted

@@ -14,7 +14,7 @@ The emitter writes such a widening cast as ``CastLike(x, <scalar of the target d
 values, but not a ``Cast`` to the matcher, so ONNX Runtime fuses an all-FP32 LayerNormalization
 behind it (and lowers the CastLike to a Cast afterwards). Where the plan puts the affine tail
 (Mul, Add) in the producer's dtype the absorbed cast is type-correct and the Cast stays.
-See docs/architecture.md, "Emitting ONNX".
+See docs/architecture.md, "ONNX emitter".
 """
 
 from __future__ import annotations

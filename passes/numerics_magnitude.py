@@ -1,0 +1,102 @@
+"""Numerics rule 11: products of tiny constants, followed forward until a rescale.
+
+A GEMM, convolution or Mul whose multiplicative constant (a weight, a scale) is tiny makes tiny
+outputs: for O(1) activations a GEMM's output is about ``max|w| * sqrt(K)`` (K terms of random
+sign), a Mul's ``max|c|``. When that lies below the target dtype's smallest normal the outputs
+are subnormal there (FP16: below 6.1e-5, with fewer significant bits the smaller they are) or
+flush to zero, and a normalisation downstream amplifies the lost digits. The estimate follows
+the value through data movement, Relu/Neg and Mul/Div by constants (a rescale by 1e8 brings it
+back into range and ends the walk) and through Add/Sub of two such values; every tensor on the
+way still below the smallest normal is flagged, so its writer and readers stay FP32. BF16 has
+FP32's exponent range: nothing there is flagged for FP16's. All-zero constants (pruned or
+zero-initialised layers) make exact zeros and are left alone. See docs/architecture.md, "Numerics".
+"""
+
+from __future__ import annotations
+
+import math
+
+from amp_compiler.dtypes import is_float
+from amp_compiler.ir import Op, PrecisionGraph
+from amp_compiler.numerics import DtypeRange
+from amp_compiler.registry import CLEAR
+
+#: ops whose output is a product of their inputs (constant operand = a scale or a weight)
+_PRODUCTS = frozenset({"matmul", "gemm", "conv", "conv_transpose", "einsum", "mul", "linear"})
+#: ops that pass a small magnitude through unchanged
+_KEEPS = frozenset({"relu", "neg", "abs", "dropout"})
+_SUMS = frozenset({"add", "sub"})
+#: input ports that add rather than multiply (Gemm's C, a convolution's bias)
+_ADDENDS = {"gemm": (2,), "conv": (2,), "conv_transpose": (2,), "linear": (2,)}
+
+
+def tiny_products(graph: PrecisionGraph, rng: DtypeRange, label: str) -> dict[str, str]:
+    """tensor name -> reason, for values a tiny constant factor keeps below ``rng.min_normal``."""
+    size: dict[str, float] = {}  # tensor -> estimated magnitude for O(1) activations
+    source: dict[str, str] = {}  # tensor -> the constant behind it
+    for op in graph.ops.values():  # topological order: one sweep follows every chain
+        found = _product(graph, op, size, source) if op.canonical in _PRODUCTS else _carried(graph, op, size, source)
+        if found is None:
+            continue
+        magnitude, constant = found
+        if not magnitude < rng.min_normal:
+            continue
+        for out in op.outputs:
+            if out and is_float(graph.tensors[out].dtype):
+                size[out], source[out] = magnitude, constant
+    return {name: (f"values ~{m:.2g} (constant {source[name]} times O(1) activations) lie below the smallest "
+                   f"{label} normal {rng.min_normal:.2g}: they would lose their digits or flush to zero")
+            for name, m in size.items()}
+
+
+def _product(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict[str, str]) -> tuple | None:
+    """(output magnitude, constant behind it) of a product with a tiny factor: a nonzero constant
+    (times sqrt of the terms a GEMM sums) or an already flagged value; other operands count as O(1)."""
+    magnitude, constant = 1.0, None
+    for port, name in enumerate(op.inputs):
+        if not name or port in _ADDENDS.get(op.canonical, ()):
+            continue
+        if name in size:
+            magnitude, constant = magnitude * size[name], constant or source[name]
+            continue
+        t = graph.tensors[name]
+        s = t.stats if t.is_constant and is_float(t.dtype) else None
+        if s is None:
+            continue
+        if s.max_abs == 0:
+            return None  # exact zeros stay exact
+        magnitude, constant = magnitude * s.max_abs * math.sqrt(_reduction_length(op, t.shape or (), port)), \
+            constant or name
+    return (magnitude, constant) if constant else None
+
+
+def _reduction_length(op: Op, shape: tuple, port: int) -> int:
+    """How many products a GEMM/conv output sums (over-estimated where the layout is not known)."""
+    dims = [d for d in shape if isinstance(d, int) and d > 0]
+    if not dims or op.canonical == "mul":
+        return 1
+    if op.canonical in ("conv", "conv_transpose"):
+        return max(1, math.prod(dims[1:]))
+    if op.canonical == "matmul" and len(dims) >= 2:
+        return dims[-2] if port == 1 else dims[-1]
+    return max(dims)
+
+
+def _carried(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict[str, str]) -> tuple | None:
+    """(magnitude, constant) of ``op``'s output when it carries a flagged input's magnitude on."""
+    flagged = [i for i in op.inputs if i in size]
+    if not flagged:
+        return None
+    first = flagged[0]
+    if op.op_class == CLEAR or op.canonical in _KEEPS:
+        return size[first], source[first]
+    others = [i for i in op.inputs if i and i not in size]
+    if op.canonical in _SUMS:  # a sum is tiny only when every term is
+        return (max(size[i] for i in flagged), source[first]) if not others else None
+    if op.canonical == "div" and op.inputs and op.inputs[0] == first and len(others) == 1:
+        s = graph.tensors[others[0]].stats if graph.tensors[others[0]].is_constant else None
+        return (size[first] / s.max_abs, source[first]) if s is not None and s.max_abs > 0 else None
+    return None
+
+
+__all__ = ["tiny_products"]
