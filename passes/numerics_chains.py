@@ -210,11 +210,12 @@ def saturating_powers(graph: PrecisionGraph) -> dict[str, str]:
 
 
 def _exponent(graph: PrecisionGraph, op: Op) -> float | None:
-    """The constant exponent of a Pow (a one-element constant in ONNX, a scalar argument in aten)."""
+    """The constant exponent of a Pow (a one-element constant in ONNX, a scalar argument in aten:
+    a float in ``scalars``, an int in ``attrs["exponent"]``)."""
     if len(op.inputs) > 1 and op.inputs[1]:
         s = graph.tensors[op.inputs[1]].stats
         return s.max_abs if s is not None and s.size == 1 else None
-    return op.scalars[0] if len(op.scalars) == 1 else None
+    return op.scalars[0] if len(op.scalars) == 1 else op.attrs.get("exponent")
 
 
 def _only_into_saturation(graph: PrecisionGraph, tensor: str) -> str | None:

@@ -303,6 +303,8 @@ def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
         return {"reduction": _REDUCTIONS.get(reduce, reduce)} if reduce else {}
     if packet in ("index_put", "_unsafe_index_put"):
         return {"reduction": "add"} if _argument(node, 3, "accumulate") else {}
+    if packet == "pow" and len(node.args) > 1 and type(node.args[1]) is int:  # x.pow(2): not a float scalar
+        return {"exponent": float(node.args[1])}
     if packet.startswith(("upsample_", "_upsample_")):
         return {"mode": "cubic" if "cubic" in packet else "nearest" if "nearest" in packet else "linear"}
     return {}
