@@ -400,6 +400,10 @@ def render(data: dict[str, Any]) -> str:
                       + "; ".join(f"{len(cases)} of them {how}" + (f" ({', '.join(cases)})" if cases else "")
                                   for how, cases in zip(("by default", "calibrated", "without deny propagation"),
                                                         held.values())) + "."]
+        overall = [c for c, x in v.items() if (x["amp_compiler"].get("amp-compiler") or {}).get("within_tolerance")]
+        missed = [c for c in v if c not in overall]
+        lines += ["", f"Over all {len(v)} cases amp-compiler by default stays finite and within tolerance in "
+                      f"{len(overall)}" + (f" (all but {', '.join(missed)})" if missed else "") + "."]
     lines += ["", "Cases:", ""]
     lines += [f"- `{e['case']}`: {e['what']}" for e in data["results"]]
     return "\n".join(lines)
