@@ -7,7 +7,9 @@ are subnormal there (FP16: below 6.1e-5, with fewer significant bits the smaller
 flush to zero, and a normalisation downstream amplifies the lost digits. The estimate follows
 the value through data movement, Relu/Neg and Mul/Div by constants (a rescale by 1e8 brings it
 back into range and ends the walk) and through Add/Sub of two such values; every tensor on the
-way still below the smallest normal is flagged, so its writer and readers stay FP32. BF16 has
+way still below the smallest normal is flagged, so its writer and readers stay FP32, unless
+all its uses end in a sum with a value that is not tiny (a layer scale of 1e-6 before a residual
+Add), where the lost digits lie below the sum's own spacing. BF16 has
 FP32's exponent range: nothing there is flagged for FP16's. All-zero constants (pruned or
 zero-initialised layers) make exact zeros and are left alone. See docs/architecture.md, "Numerics".
 """
@@ -44,9 +46,29 @@ def tiny_products(graph: PrecisionGraph, rng: DtypeRange, label: str) -> dict[st
         for out in op.outputs:
             if out and is_float(graph.tensors[out].dtype):
                 size[out], source[out] = magnitude, constant
+    absorbed: set[str] = set()
+    for op in reversed(graph.ops.values()):  # readers first
+        absorbed.update(out for out in op.outputs if out in size and _absorbed(graph, out, size, absorbed))
     return {name: (f"values ~{m:.2g} (constant {source[name]} times O(1) activations) lie below the smallest "
                    f"{label} normal {rng.min_normal:.2g}: they would lose their digits or flush to zero")
-            for name, m in size.items()}
+            for name, m in size.items() if name not in absorbed}
+
+
+def _absorbed(graph: PrecisionGraph, name: str, size: dict[str, float], absorbed: set[str]) -> bool:
+    """Whether every use of the tiny value ``name`` ends in a sum with a value that is not tiny (a
+    ConvNeXt layer scale of 1e-6 before its residual Add): there its lost digits are below the
+    sum's own spacing, as for the underflowing additive constants of rule 6."""
+    t = graph.tensors[name]
+    if t.is_graph_output or not t.consumers:
+        return False
+    for reader_name, _ in t.consumers:
+        reader = graph.ops[reader_name]
+        if reader.canonical in _SUMS and any(i and i not in size for i in reader.inputs):
+            continue
+        outs = [o for o in reader.outputs if o]
+        if not outs or not all(o in absorbed for o in outs):
+            return False
+    return True
 
 
 def _product(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict[str, str]) -> tuple | None:

@@ -329,3 +329,16 @@ def test_zero_and_ordinary_weights_flag_no_product():
     for scale in (0.0, 0.05):  # exact zeros (a pruned layer) stay exact; ordinary weights are O(1)
         b = _tiny_weight_graph(scale)
         assert "proj_out" not in _numerics(b, planner="all").output.tensors and b.graph.ops["ln"].eligible
+
+
+def test_a_tiny_layer_scale_before_a_residual_add_flags_nothing():
+    """ConvNeXt's layer scale (1e-6 at init) times O(1) is tiny, but only added to the residual stream:
+    the lost digits lie below the sum's own spacing (as for the underflowing biases of rule 6)."""
+    b = IRBuilder()
+    x = b.input("x")
+    h = b.op("MatMul", [x, b.input("w")], "pw")
+    scaled = b.op("Mul", [h, b.const("gamma", np.full((256,), 1e-6))], "layer_scale")
+    moved = b.op("Transpose", [scaled], "move")
+    b.output(b.op("MatMul", [b.op("Add", [x, moved], "residual"), b.input("w2")], "next"))
+    assert not _numerics(b, planner="all").output.tensors
+    assert all(op.eligible for op in b.graph.ops.values())
