@@ -33,10 +33,12 @@ every op reading or writing a flagged value through a unit port in FP32):
    A Pow the user denied by name stays deny.
 10. A mask sentinel: an initializer with values beyond the dtype's range (``finfo.min``) whose
    value reaches only Softmax/LogSoftmax inputs through value flow (Where, Add, Sub, Mul,
-   data movement) is not flagged but stored clamped to a quarter of the dtype's largest
-   finite value, in FP32 and low copies alike: ``exp`` of either is 0 beside any unmasked
-   score, and scores added to it cannot overflow, so a fully masked row stays finite (an
-   -inf fill makes it NaN). The report lists each one (``summary["saturated_constants"]``).
+   data movement) is not flagged but stored clamped to the dtype's largest power of two
+   (FP16: 32768), in FP32 and low copies alike: ``exp`` of either is 0 beside any unmasked
+   score; a score below 2^-12 of it (FP16: 8) added to it rounds back to it, so a fully masked
+   row is the uniform average FP32 gives (an -inf fill makes it NaN, a fill off a power of two
+   turns score noise into a near one-hot row); scores up to the rest of the range added to it
+   stay finite. The report lists each one (``summary["saturated_constants"]``).
 11. A product with a tiny constant factor (a GEMM/conv weight or a Mul scale whose max |c| times
    sqrt of the terms summed lies below the dtype's smallest normal) writes values that O(1)
    activations leave below it too; that magnitude is followed forward (data movement, Relu,
@@ -45,6 +47,8 @@ every op reading or writing a flagged value through a unit port in FP32):
 """
 
 from __future__ import annotations
+
+import math
 
 from amp_compiler.dtypes import is_float, short
 from amp_compiler.ir import Op, PrecisionGraph, Tensor
@@ -59,8 +63,6 @@ from .result import NumericsFlags
 
 #: ops whose output carries their inputs' extreme values
 VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip"})
-#: a mask sentinel is stored as the dtype's max / this: scores added to it stay finite (rule 10)
-MASK_HEADROOM = 4.0
 #: share of nonzero values below the smallest subnormal that flags a constant (1 %)
 FLUSH_SHARE = 0.01
 QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
@@ -85,10 +87,10 @@ class NumericsPass(Pass):
         for t in graph.tensors.values():  # 1, 3, 6, 10
             why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
             if why and t.origin == "initializer" and t.stats.max_abs > rng.max and mask_sentinel(graph, t.name):
-                t.saturate_to, why = rng.max / MASK_HEADROOM, None
+                t.saturate_to, why = mask_fill(rng), None
                 saturated[t.name] = (f"initializer {t.name} (max |w| = {t.stats.max_abs:.3g}) only masks softmax "
-                                     f"inputs: stored as +-{t.saturate_to:.5g}, a quarter of {label}'s largest "
-                                     f"finite value, so scores added to it cannot overflow")
+                                     f"inputs: stored as +-{t.saturate_to:.5g}, {label}'s largest power of two: "
+                                     f"scores added to it stay finite, and a fully masked row uniform as in FP32")
             why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)
             if why:
                 tensors[t.name] = why
@@ -126,13 +128,19 @@ class NumericsPass(Pass):
                 op.forbid_low, changed = why, True
         qdq = sum(1 for why in ops.values() if why == QDQ_KEEP)
         details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops kept FP32 by a numerics " \
-                  f"rule, {qdq} ops in QDQ units, {len(saturated)} mask sentinels stored as +-{rng.max / MASK_HEADROOM:.5g}"
+                  f"rule, {qdq} ops in QDQ units, {len(saturated)} mask sentinels stored as +-{mask_fill(rng):.5g}"
         return PassResult(graph, changed or bool(saturated), details, NumericsFlags(tensors, ops, saturated))
 
 
 #: (canonical op, input port) pairs that add their operand: an operand flushed to zero changes nothing
 _ADDITIVE_PORTS = {"conv": (2,), "conv_transpose": (2,), "gemm": (2,)}
 _ADDITIVE_OPS = frozenset({"add", "sub", "bias_add"})
+
+
+def mask_fill(rng: DtypeRange) -> float:
+    """The magnitude a mask sentinel is stored at (rule 10): the dtype's largest power of two, where
+    the spacing (below it 2^-11 of it in FP16, above 2^-10) absorbs any score below 2^-12 of it."""
+    return 2.0 ** math.floor(math.log2(rng.max))
 
 
 def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange) -> bool:
@@ -205,4 +213,4 @@ def _follow_value_flow(graph: PrecisionGraph, flagged: dict[str, str]) -> None:
                 flagged.setdefault(out, why)
 
 
-__all__ = ["NumericsPass", "VALUE_FLOW", "calibrated_reason", "constant_reason", "qdq_members"]
+__all__ = ["NumericsPass", "VALUE_FLOW", "mask_fill", "calibrated_reason", "constant_reason", "qdq_members"]
