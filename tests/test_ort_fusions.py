@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 import amp_compiler.onnx_io.emitter as emitter
 from amp_compiler import convert_onnx
+from amp_compiler.analysis import analyze_model
 
 from .builders import fin, model, nodes_of, run, weight
 
@@ -73,6 +74,8 @@ def test_written_out_norm_kept_fp32_behind_fp16_producer_loads_and_runs_in_ort(k
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-2
     # CastLike exactly where ONNX Runtime's LayerNorm fusion would absorb a Cast into a mixed-type node
     assert len(nodes_of(out, "CastLike")) == (kind == "layer_norm" and tail_fp32)
+    # the common ruler prices a CastLike as the cast it is
+    assert analyze_model(out).casts == len(nodes_of(out, "Cast")) + len(nodes_of(out, "CastLike"))
 
 
 def test_without_castlike_ort_refuses_the_fused_layer_norm(monkeypatch, tmp_path):
