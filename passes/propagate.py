@@ -136,7 +136,8 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
     """
     reached: dict[str, tuple[str, str]] = {}
     bounded = normalisations(graph)
-    queue = deque((op.name, op.name) for op in graph.ops.values() if op.op_class == DENY and not kept_by_name(op.name, ctx))
+    queue = deque((op.name, op.name) for op in graph.ops.values()
+                  if op.op_class == DENY and not kept_by_name(op.name, ctx))
     while queue:
         name, source = queue.popleft()
         op = graph.ops[name]

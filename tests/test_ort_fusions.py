@@ -27,8 +27,8 @@ def _norm(kind: str):
     mk = helper.make_node
     nodes = [mk("MatMul", ["x", "W0"], ["h"], name="proj_in")]
     if kind == "layer_norm":
-        nodes += [mk("ReduceMean", ["h", "axes"], ["mu"], name="mean", keepdims=1), mk("Sub", ["h", "mu"], ["d"], name="sub"),
-                  mk("Pow", ["d", "two"], ["d2"], name="pow"),
+        nodes += [mk("ReduceMean", ["h", "axes"], ["mu"], name="mean", keepdims=1),
+                  mk("Sub", ["h", "mu"], ["d"], name="sub"), mk("Pow", ["d", "two"], ["d2"], name="pow"),
                   mk("ReduceMean", ["d2", "axes"], ["var"], name="var", keepdims=1),
                   mk("Add", ["var", "eps"], ["vare"], name="add_eps"), mk("Sqrt", ["vare"], ["std"], name="sqrt"),
                   mk("Div", ["d", "std"], ["n"], name="div")]
@@ -45,7 +45,8 @@ def _norm(kind: str):
         out = "ln"
     nodes += [mk("MatMul", [out, "W"], ["y"], name="proj_out")]
     consts = [weight("W0", D, D, scale=D ** -0.5), weight("W", D, D), numpy_helper.from_array(np.float32(2.0), "two"),
-              numpy_helper.from_array(np.float32(1e-5), "eps"), numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+              numpy_helper.from_array(np.float32(1e-5), "eps"),
+              numpy_helper.from_array(np.array([-1], np.int64), "axes"),
               numpy_helper.from_array(np.linspace(0.5, 1.5, D, dtype=np.float32), "gamma"),
               numpy_helper.from_array(np.linspace(-0.1, 0.1, D, dtype=np.float32), "beta")]
     return model(nodes, [fin("x", N, D)], [fin("y", N, D)], consts)
