@@ -44,8 +44,13 @@ from .user_rules import note_forced, pin_forced
 #: near-ties: a plan at most this much slower (relative) than the fastest is taken when it
 #: needs less memory (objective "time"); under objective "memory", time breaks ties
 TIE_TOLERANCE = 0.01
+#: ... or at most this many of the runtime's kernel launches slower, whichever is more: on a
+#: launch-bound model the only difference between FP32 and FP16 is a few cast kernels
+#: (docs/architecture.md, "The objective")
+TIE_LAUNCHES = 4
 
 _SOURCE, _SINK = 0, 1
+_TIE_CUTS = 3  # weighted cuts tried for a near-tie, mu halving each time
 
 
 class ConvertPass(Pass):
@@ -62,7 +67,7 @@ class ConvertPass(Pass):
         if ctx.planner == "greedy":
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
-            plan = solve_objective(energy, ctx.objective)
+            plan = solve_objective(energy, ctx.objective, TIE_LAUNCHES * timer.launch)
         elif ctx.planner == "all":
             plan = {u: 1 for u in energy.unit_ops}
         else:
@@ -86,13 +91,20 @@ class ConvertPass(Pass):
                           Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why))
 
 
-def solve_objective(energy: PlanEnergy, objective: str = "time") -> dict[int, int]:
+def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:
+    """Seconds a plan may be slower than the fastest ``t_best`` and still tie with it."""
+    return max(TIE_TOLERANCE * t_best, floor_s)
+
+
+def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float = 0.0) -> dict[int, int]:
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
-    ``time``: the exact time minimum ``T*``; then one more cut of ``time + mu * memory`` with
-    ``mu = TIE_TOLERANCE * T* / M_fp32``, kept only if its time is within ``(1 + TIE_TOLERANCE)
-    T*`` (and never above all-FP32) and it needs less memory. ``memory``: the exact minimum of
-    ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32`` (time breaks ties).
+    ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
+    ``mu = 2 tol / M_fp32`` (``tol = tie_tolerance(T*, floor_s)``: saving half the FP32
+    footprint, what converting everything saves, is worth the tolerance), kept only if its
+    time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
+    halves (at most ``_TIE_CUTS`` cuts). So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
+    ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
     """
     if not energy.unit_ops:
         return {}
@@ -105,10 +117,13 @@ def solve_objective(energy: PlanEnergy, objective: str = "time") -> dict[int, in
     t_best = energy.total(best)[0]
     if m32 <= 0 or t_best <= 0:
         return best
-    tie = solve_mincut(energy, mem_weight=TIE_TOLERANCE * t_best / m32)
-    t_tie = energy.total(tie)[0]
-    if t_tie <= min(t_best * (1 + TIE_TOLERANCE), t32) and energy.memory(tie) < energy.memory(best):
-        return tie
+    tol = tie_tolerance(t_best, floor_s)
+    mu = 2 * tol / m32  # converting everything saves about half of M_fp32: worth the whole tolerance
+    for _ in range(_TIE_CUTS):
+        tie = solve_mincut(energy, mem_weight=mu)
+        if energy.total(tie)[0] <= t_best + tol:
+            return tie if energy.memory(tie) < energy.memory(best) else best
+        mu /= 2
     return best
 
 

@@ -61,7 +61,7 @@ class PlanEnergy:
     act_fp32: dict[int, float] = field(default_factory=dict)  # bytes a unit's outputs hold in FP32
     act_low: dict[int, float] = field(default_factory=dict)  # ... and in the low dtype
     low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
-    fixed_memory: float = 0.0  # weights whose dtype no plan changes
+    fixed_memory: float = 0.0  # weights and outputs of ops whose dtype no plan changes
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -134,6 +134,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         else:
             op.unit = None
             energy.fixed_time += timer.time(op, op.precision or FLOAT32)
+            energy.fixed_memory += timer.output_bytes(op, op.precision or FLOAT32)
 
     def code(dtype: str | None) -> int:
         return 1 if dtype == low else 0
