@@ -100,29 +100,32 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
     ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
-    ``mu = 2 tol / M_fp32`` (``tol = tie_tolerance(T*, floor_s)``: saving half the FP32
-    footprint, what converting everything saves, is worth the tolerance), kept only if its
-    time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
+    ``mu = tol / (M(T*'s plan) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: all the
+    memory a plan could save is worth the whole tolerance, part of it pro rata), kept only if
+    its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
     halves (at most ``_TIE_CUTS`` cuts). So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
     ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
     """
     if not energy.unit_ops:
         return {}
-    all32 = {u: 0 for u in energy.unit_ops}
-    t32, m32 = energy.total(all32)[0], energy.memory(all32)
     if objective == "memory":
+        all32 = {u: 0 for u in energy.unit_ops}
+        t32, m32 = energy.total(all32)[0], energy.memory(all32)
         nu = TIE_TOLERANCE * m32 / t32 if t32 > 0 else 0.0
         return solve_mincut(energy, time_weight=nu, mem_weight=1.0)
     best = solve_mincut(energy)
     t_best = energy.total(best)[0]
-    if m32 <= 0 or t_best <= 0:
+    if t_best <= 0:
+        return best
+    m_best, m_low = energy.memory(best), energy.memory({u: 1 for u in energy.unit_ops})
+    if m_best <= m_low:
         return best
     tol = tie_tolerance(t_best, floor_s)
-    mu = 2 * tol / m32  # converting everything saves about half of M_fp32: worth the whole tolerance
+    mu = tol / (m_best - m_low)  # the whole saving within reach is worth the whole tolerance
     for _ in range(_TIE_CUTS):
         tie = solve_mincut(energy, mem_weight=mu)
         if energy.total(tie)[0] <= t_best + tol:
-            return tie if energy.memory(tie) < energy.memory(best) else best
+            return tie if energy.memory(tie) < m_best else best
         mu /= 2
     return best
 

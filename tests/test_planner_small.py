@@ -34,12 +34,13 @@ _MODELS = {"transformer 2x64": lambda: transformer_graph(24, hidden=128, seq=64,
 
 
 @pytest.mark.parametrize("name", _MODELS)
-@pytest.mark.parametrize("deploy", ["ort-cuda", "eager", "tensorrt", "inductor"])
-def test_small_models_convert_by_default(name, deploy):
+@pytest.mark.parametrize("deploy, deny_propagation", [("ort-cuda", False), ("ort-cuda", True), ("eager", True),
+                                                      ("tensorrt", True), ("inductor", False)])
+def test_small_models_convert_by_default(name, deploy, deny_propagation):
     """Launch-bound: FP16 saves < 1 µs and adds a few cast kernels where casts are kernels
     (ort-cuda, eager), a tie by the floor of TIE_LAUNCHES launches, so memory decides; where
     casts fuse FP16 is simply faster. Never slower than FP32 beyond the tie tolerance."""
-    result = plan_result(_MODELS[name](), runtime=deploy)
+    result = plan_result(_MODELS[name](), runtime=deploy, deny_propagation=deny_propagation)
     s = build_report(result).summary
     assert s["fp16_gemm_flop_fraction"] >= 0.95
     tol = tie_tolerance(s["predicted_time_fp32_s"], TIE_LAUNCHES * result.timer.launch)
