@@ -37,7 +37,6 @@ from amp_compiler.registry import ALLOW, CLEAR
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
 from .explain import fp32_tensor_core_why
-from .memory import Liveness, plan_memory
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
 
@@ -77,12 +76,7 @@ class ConvertPass(Pass):
         note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
         all32 = {u: 0 for u in energy.unit_ops}
-        live = Liveness(graph)
-        all_low_time, all_low_memory = predict_all_low(graph, ctx, timer, live)
-        prediction = Prediction(energy.total(all32)[0], mixed, all_low_time, n_casts, cast_s,
-                                memory_fp32_bytes=plan_memory(graph, energy, all32, live),
-                                memory_mixed_bytes=plan_memory(graph, energy, plan, live),
-                                memory_all_low_bytes=all_low_memory)
+        prediction = Prediction(energy.total(all32)[0], mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
         why = fp32_tensor_core_why(graph, ctx, energy, plan, timer)
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
@@ -100,8 +94,8 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
     ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
-    ``mu = tol / (M(T*'s plan) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: all the
-    memory a plan could save is worth the whole tolerance, part of it pro rata), kept only if
+    ``mu = tol / (M(all FP32) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
+    converting everything saves is worth the whole tolerance, a part of it pro rata), kept only if
     its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
     halves (at most ``_TIE_CUTS`` cuts). So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
     ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
@@ -117,11 +111,12 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     t_best = energy.total(best)[0]
     if t_best <= 0:
         return best
-    m_best, m_low = energy.memory(best), energy.memory({u: 1 for u in energy.unit_ops})
-    if m_best <= m_low:
+    m_best = energy.memory(best)
+    m32, m_low = energy.memory({u: 0 for u in energy.unit_ops}), energy.memory({u: 1 for u in energy.unit_ops})
+    if m32 <= m_low:
         return best
     tol = tie_tolerance(t_best, floor_s)
-    mu = tol / (m_best - m_low)  # the whole saving within reach is worth the whole tolerance
+    mu = tol / (m32 - m_low)  # what converting everything saves is worth the whole tolerance
     for _ in range(_TIE_CUTS):
         tie = solve_mincut(energy, mem_weight=mu)
         if energy.total(tie)[0] <= t_best + tol:
@@ -258,18 +253,16 @@ def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
     return {u: int(any(n in low for n in names)) for u, names in energy.unit_ops.items()}
 
 
-def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer,
-                    liveness: Liveness | None = None) -> tuple[float, float]:
-    """Predicted (time, memory) with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
+def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
+    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
     saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
     for op in graph.ops.values():
         op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
     energy = build_energy(graph, ctx, timer)
-    all_low = {u: 1 for u in energy.unit_ops}
-    total, memory = energy.total(all_low)[0], plan_memory(graph, energy, all_low, liveness)
+    total = energy.total({u: 1 for u in energy.unit_ops})[0]
     for name, (eligible, unit) in saved.items():
         graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
-    return total, memory
+    return total
 
 
 def _fmt_us(seconds: float) -> str:

@@ -40,7 +40,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
                      f"GEMM/conv FLOPs")
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
-                     f"-{saved / 2 ** 20:.2f} MiB")
+                     f"{-saved / 2 ** 20:+.2f} MiB")
         needs = _casts_needed_by(graph, energy, flipped)
         if needs:
             lines.append(needs)

@@ -150,7 +150,7 @@ def test_if_branches_are_converted_consistently():
         assert np.max(np.abs(ref - got)) / np.max(np.abs(ref)) < 1e-2
 
 
-def _tiny_gemm_between_deny_ops(blocks: int = 3):
+def _tiny_gemm_between_deny_ops(blocks: int = 3, rows: int = 4096, d: int = 8):
     """GEMMs too small to gain from FP16, each between ops that must stay FP32: two cast
     kernels per GEMM in FP16, more than the tie tolerance's floor of launches."""
     nodes, inits, x = [], [], "x"
@@ -158,10 +158,10 @@ def _tiny_gemm_between_deny_ops(blocks: int = 3):
         nodes += [helper.make_node("Exp", [x], [f"e{i}"], name=f"exp{i}"),
                   helper.make_node("MatMul", [f"e{i}", f"W{i}"], [f"h{i}"], name=f"tiny_mm{i}"),
                   helper.make_node("Log", [f"h{i}"], [f"l{i}"], name=f"log{i}")]
-        inits.append(weight(f"W{i}", 8, 8))
+        inits.append(weight(f"W{i}", d, d))
         x = f"l{i}"
     nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
-    return model(nodes, [fin("x", 4096, 8)], [fin("y", 4096, 8)], inits)
+    return model(nodes, [fin("x", rows, d)], [fin("y", rows, d)], inits)
 
 
 def test_min_cut_pays_fewer_casts_than_greedy():
