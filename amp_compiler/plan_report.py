@@ -113,7 +113,6 @@ def _plan_fields(result: PlanResult) -> dict[str, Any]:
     costs = result.costs
     if costs is None:
         return {}
-    pred = costs.prediction
     return {"runtime_profile": costs.runtime_profile, "objective": costs.objective,
             "fusion_groups": costs.fusion_groups, "fp32_tensor_core_why": costs.fp32_tensor_core_why}
 

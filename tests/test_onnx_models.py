@@ -3,8 +3,9 @@
 Small configs run every zoo architecture through conversion, the full ONNX checker and
 ONNX Runtime. They are launch-overhead bound (FP16 and FP32 plans differ by a few cast
 kernels, a near-tie), so the first test converts them with the greedy painter, which puts
-every tensor-core op in FP16 whatever the profile, to exercise the rewrite on real graphs. The base sizes of BERT, GPT-2, ResNet-50 and
-ViT are planned by the cost model (the default) and checked against issue #2's bar.
+every tensor-core op in FP16 whatever the profile, to exercise the rewrite on real graphs.
+The base sizes of BERT, GPT-2, ResNet-50 and ViT are planned by the cost model (the default)
+and checked against issue #2's bar.
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ def test_small_model_emitted_plan_prices_as_reported_and_no_slower_than_fp32(nam
     realised = analyze_model(converted).predicted_time_s
     assert realised == pytest.approx(report.summary["predicted_time_mixed_s"], rel=1e-9)
     s = report.summary  # by default, unless the casts around ops a rule keeps FP32 cost more than a tie
-    assert s["fp16_gemm_flop_fraction"] >= 0.95 or "border ops that stay FP32" in s["fp32_tensor_core_why"]
+    assert s["fp16_gemm_flop_fraction"] >= 0.95 or "border ops that stay FP32" in s["fp32_tensor_core_why"], name
     fp32 = analyze_model(onnx.load(path)).predicted_time_s
-    assert realised <= (fp32 + tie_tolerance(fp32, TIE_LAUNCHES * DEVICES["h100"].launch_overhead_us * 1e-6)) * (1 + 1e-9)
+    floor = TIE_LAUNCHES * DEVICES["h100"].launch_overhead_us * 1e-6  # ort-cuda pays every launch
+    assert realised <= (fp32 + tie_tolerance(fp32, floor)) * (1 + 1e-9)
 
 
 @pytest.fixture(scope="module", params=BASE_MODELS)
