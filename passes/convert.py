@@ -97,7 +97,9 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     ``mu = tol / (M(all FP32) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
     converting everything saves is worth the whole tolerance, a part of it pro rata), kept only if
     its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
-    halves (at most ``_TIE_CUTS`` cuts). So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
+    halves (at most ``_TIE_CUTS`` cuts). A tie beyond the relative tolerance (spending the floor
+    of launches) must also run more GEMM/conv FLOPs in the low dtype; else the relative
+    tolerance alone is tried. So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
     ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
     """
     if not energy.unit_ops:
@@ -115,14 +117,26 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     m32, m_low = energy.memory({u: 0 for u in energy.unit_ops}), energy.memory({u: 1 for u in energy.unit_ops})
     if m32 <= m_low:
         return best
-    tol = tie_tolerance(t_best, floor_s)
-    mu = tol / (m32 - m_low)  # what converting everything saves is worth the whole tolerance
+    relative = TIE_TOLERANCE * t_best
+    for tol in dict.fromkeys((tie_tolerance(t_best, floor_s), relative)):
+        tie = _near_tie(energy, t_best, tol, tol / (m32 - m_low), m_best)
+        # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
+        # launch-bound model converting), not for storing FP32 work's weights low and casting them
+        if tie is not None and (energy.total(tie)[0] <= t_best + relative
+                                or energy.low_tc_flops(tie) > energy.low_tc_flops(best)):
+            return tie
+    return best
+
+
+def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: float) -> dict[int, int] | None:
+    """The cut of ``time + mu * memory`` (``mu`` halving while it is slower than ``t_best + tol``),
+    if it needs less memory than ``m_best``; else None."""
     for _ in range(_TIE_CUTS):
         tie = solve_mincut(energy, mem_weight=mu)
         if energy.total(tie)[0] <= t_best + tol:
-            return tie if energy.memory(tie) < m_best else best
+            return tie if energy.memory(tie) < m_best else None
         mu /= 2
-    return best
+    return None
 
 
 def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
