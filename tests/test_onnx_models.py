@@ -98,6 +98,7 @@ def test_base_model_gemm_flops_run_in_fp16(base_conversion):
     for o in kept:
         assert "kept FP32 by the cost model" in o["reason"]
     assert kept_flops <= 0.005 * s["gemm_flops"]
+    assert s["predicted_time_mixed_s"] <= 1.02 * s["predicted_time_all_fp16_s"]  # within 2 % of the ceiling
 
 
 def test_base_model_deny_ops_stay_fp32_with_reason(base_conversion):
