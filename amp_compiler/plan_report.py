@@ -96,7 +96,7 @@ def build_report(result: PlanResult) -> Report:
         "alignment": [f.to_dict() for f in result.alignment],
         "tensors": tensor_table(graph),  # schema 1.1: the edges' sizes (docs/report-schema.md)
     }
-    fill_memory(data)  # summary's predicted_memory_* keys, where the planner did not set them
+    fill_memory(data)  # summary's predicted_memory_* keys: the one estimate (report_memory.py)
     return Report(data)
 
 
@@ -109,16 +109,12 @@ def _saturated(result: PlanResult) -> dict[str, Any]:
 
 def _plan_fields(result: PlanResult) -> dict[str, Any]:
     """What the convert pass computed in one place (``passes/convert.py``), as the summary carries it:
-    the runtime profile, the objective, predicted memory and why tensor-core work stayed FP32."""
+    the runtime profile, the objective and why tensor-core work stayed FP32."""
     costs = result.costs
     if costs is None:
         return {}
-    pred = costs.prediction
     return {"runtime_profile": costs.runtime_profile, "objective": costs.objective,
-            "fusion_groups": costs.fusion_groups, "predicted_memory_fp32_bytes": pred.memory_fp32_bytes,
-            "predicted_memory_mixed_bytes": pred.memory_mixed_bytes,
-            "predicted_memory_all_fp16_bytes": pred.memory_all_low_bytes,
-            "fp32_tensor_core_why": costs.fp32_tensor_core_why}
+            "fusion_groups": costs.fusion_groups, "fp32_tensor_core_why": costs.fp32_tensor_core_why}
 
 
 def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:

@@ -1,14 +1,19 @@
-"""Predicted memory of a plan: weights stored and peak live activations, in FP32, mixed and all-FP16.
+"""The one memory estimate: weights stored and peak live activations, in FP32, mixed and all-FP16.
 
-Works on the report dict alone (schema 1.1: ``ops[].inputs/outputs``, ``casts[].output``
-and the ``tensors`` table), so a saved JSON report can be re-read; ``tensor_table`` builds
-that table from the planned IR. See docs/report-schema.md and docs/architecture.md (Report).
+The report's totals ``predicted_memory_{fp32,mixed,all_fp16}_bytes`` are weights plus
+activations of the same walk. Works on the report dict alone (schema 1.1: ``ops[].inputs/
+outputs``, ``casts[].output`` and the ``tensors`` table), so a saved JSON report can be
+re-read; ``tensor_table`` builds that table from the planned IR. See docs/report-schema.md
+and docs/architecture.md (Report). (The planner's memory *objective* is a modular proxy of
+this, ``passes/costs.py``: a peak is not a sum of per-op terms.)
 
 * weights: every float constant once, at 4 bytes (FP32) or 2 (all-FP16); in the mixed plan
   each stored copy at its dtype (a weight read by FP32 and FP16 ops is stored twice).
 * activations: the peak over the op order of the float tensors alive at once (a tensor
-  lives from its producer to its last reader; graph outputs to the end). Inserted casts
-  exist only in the mixed plan; their output lives from its first reader on.
+  lives from its producer to its last reader; graph outputs to the end). A view (the
+  registry's ``traffic: alias``: reshape, squeeze, ...) holds no storage: its readers keep
+  its source alive. Inserted casts exist only in the mixed plan; their output lives from its
+  first reader on.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from typing import Any, Mapping
 
 from .dtypes import FLOAT32, LOW_PRECISION, is_float, itemsize
 from .ir import CONSTANT, GRAPH_INPUT, PARAMETER, PrecisionGraph
+from .registry import DEFAULT_REGISTRY
 
 WEIGHT, ACTIVATION, INPUT = "weight", "activation", "input"
 SCENARIOS = ("fp32", "mixed", "all_fp16")
 _PLANNED = (FLOAT32, *LOW_PRECISION)  # the dtypes a plan chooses between (float64 stays as it is)
 MEMORY_KEYS = tuple(f"predicted_memory_{part}_{s}_bytes" for part in ("weights", "activations")
                     for s in SCENARIOS)
+TOTAL_KEYS = tuple(f"predicted_memory_{s}_bytes" for s in SCENARIOS)  # weights + activations
 
 
 def tensor_table(graph: PrecisionGraph) -> list[dict[str, Any]]:
@@ -42,7 +49,8 @@ def tensor_table(graph: PrecisionGraph) -> list[dict[str, Any]]:
 
 
 def predicted_memory(data: Mapping[str, Any]) -> dict[str, int] | None:
-    """``MEMORY_KEYS`` -> bytes, from a schema >= 1.1 report dict; None when it lacks the tensors."""
+    """``MEMORY_KEYS`` and ``TOTAL_KEYS`` -> bytes, from a schema >= 1.1 report dict; None when it
+    lacks the tensors."""
     tensors = data.get("tensors")
     ops = data.get("ops")
     if not isinstance(tensors, list) or not isinstance(ops, list):
@@ -50,6 +58,9 @@ def predicted_memory(data: Mapping[str, Any]) -> dict[str, int] | None:
     table = {t["name"]: t for t in tensors if isinstance(t, Mapping) and "name" in t}
     out = _weights(table)
     out.update(_activations(table, ops, data.get("casts") or []))
+    for s in SCENARIOS:
+        out[f"predicted_memory_{s}_bytes"] = (out[f"predicted_memory_weights_{s}_bytes"]
+                                              + out[f"predicted_memory_activations_{s}_bytes"])
     return out
 
 
@@ -82,22 +93,35 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
                     if isinstance(c, Mapping) and c.get("output") and c.get("inserted", True)}
     start: dict[str, int] = {}
     end: dict[str, int] = {}
+    view_of: dict[str, str] = {}  # a view's output -> the tensor whose storage it shares
+
+    def root(name: str) -> str:
+        while name in view_of:
+            name = view_of[name]
+        return name
+
+    last = max(len(ops) - 1, 0)
     for i, op in enumerate(ops):
         for name in op.get("inputs") or ():
             if name in cast_outputs:
                 start.setdefault(name, i)  # an inserted cast sits right before its first reader
-                end[cast_outputs[name]] = i  # without the cast (FP32, all-FP16) the op reads the source
-            end[name] = i
-        for name in op.get("outputs") or ():
+                end[root(cast_outputs[name])] = i  # without the cast (FP32, all-FP16) the op reads the source
+            end[root(name)] = i
+        outputs = op.get("outputs") or ()
+        if _is_view(op) and outputs and op.get("inputs") and op["inputs"][0] in table:
+            view_of[outputs[0]] = op["inputs"][0]
+            if table.get(outputs[0], {}).get("graph_output"):
+                end[root(outputs[0])] = last
+            continue
+        for name in outputs:
             start.setdefault(name, i)
             end.setdefault(name, i)
     for name, src in cast_outputs.items():
-        if name not in start and src in end:  # a cast nobody reads: it writes a graph output
-            start[name] = end[src]
-    last = max(len(ops) - 1, 0)
+        if name not in start and root(src) in end:  # a cast nobody reads: it writes a graph output
+            start[name] = end[root(src)]
     deltas = {s: [0] * (len(ops) + 1) for s in SCENARIOS}
     for name, t in table.items():
-        if t.get("kind") == WEIGHT or name not in end and not t.get("graph_output"):
+        if t.get("kind") == WEIGHT or name in view_of or name not in end and not t.get("graph_output"):
             continue
         first = 0 if t.get("kind") == INPUT else start.get(name)
         if first is None:
@@ -121,4 +145,9 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
     return out
 
 
-__all__ = ["MEMORY_KEYS", "fill_memory", "predicted_memory", "tensor_table"]
+def _is_view(op: Mapping) -> bool:
+    row = DEFAULT_REGISTRY.by_canonical.get(op.get("canonical") or "")
+    return row is not None and row.traffic == "alias"
+
+
+__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "fill_memory", "predicted_memory", "tensor_table"]

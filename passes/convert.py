@@ -37,15 +37,19 @@ from amp_compiler.registry import ALLOW, CLEAR
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
 from .explain import fp32_tensor_core_why
-from .memory import Liveness, plan_memory
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
 
 #: near-ties: a plan at most this much slower (relative) than the fastest is taken when it
 #: needs less memory (objective "time"); under objective "memory", time breaks ties
 TIE_TOLERANCE = 0.01
+#: ... or at most this many of the runtime's kernel launches slower, whichever is more: on a
+#: launch-bound model the only difference between FP32 and FP16 is a few cast kernels
+#: (docs/architecture.md, "The objective")
+TIE_LAUNCHES = 4
 
 _SOURCE, _SINK = 0, 1
+_TIE_CUTS = 3  # weighted cuts tried for a near-tie, mu halving each time
 
 
 class ConvertPass(Pass):
@@ -62,7 +66,7 @@ class ConvertPass(Pass):
         if ctx.planner == "greedy":
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
-            plan = solve_objective(energy, ctx.objective)
+            plan = solve_objective(energy, ctx.objective, TIE_LAUNCHES * timer.launch)
         elif ctx.planner == "all":
             plan = {u: 1 for u in energy.unit_ops}
         else:
@@ -72,12 +76,7 @@ class ConvertPass(Pass):
         note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
         all32 = {u: 0 for u in energy.unit_ops}
-        live = Liveness(graph)
-        all_low_time, all_low_memory = predict_all_low(graph, ctx, timer, live)
-        prediction = Prediction(energy.total(all32)[0], mixed, all_low_time, n_casts, cast_s,
-                                memory_fp32_bytes=plan_memory(graph, energy, all32, live),
-                                memory_mixed_bytes=plan_memory(graph, energy, plan, live),
-                                memory_all_low_bytes=all_low_memory)
+        prediction = Prediction(energy.total(all32)[0], mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
         why = fp32_tensor_core_why(graph, ctx, energy, plan, timer)
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
@@ -86,30 +85,58 @@ class ConvertPass(Pass):
                           Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why))
 
 
-def solve_objective(energy: PlanEnergy, objective: str = "time") -> dict[int, int]:
+def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:
+    """Seconds a plan may be slower than the fastest ``t_best`` and still tie with it."""
+    return max(TIE_TOLERANCE * t_best, floor_s)
+
+
+def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float = 0.0) -> dict[int, int]:
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
-    ``time``: the exact time minimum ``T*``; then one more cut of ``time + mu * memory`` with
-    ``mu = TIE_TOLERANCE * T* / M_fp32``, kept only if its time is within ``(1 + TIE_TOLERANCE)
-    T*`` (and never above all-FP32) and it needs less memory. ``memory``: the exact minimum of
-    ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32`` (time breaks ties).
+    ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
+    ``mu = tol / (M(all FP32) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
+    converting everything saves is worth the whole tolerance, a part of it pro rata), kept only if
+    its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu``
+    halves (at most ``_TIE_CUTS`` cuts). A tie beyond the relative tolerance (spending the floor
+    of launches) must also run more GEMM/conv FLOPs in the low dtype; else the relative
+    tolerance alone is tried. So ``T(chosen) <= T* + tol <= T_fp32 + tol``.
+    ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
     """
     if not energy.unit_ops:
         return {}
-    all32 = {u: 0 for u in energy.unit_ops}
-    t32, m32 = energy.total(all32)[0], energy.memory(all32)
     if objective == "memory":
+        all32 = {u: 0 for u in energy.unit_ops}
+        t32, m32 = energy.total(all32)[0], energy.memory(all32)
         nu = TIE_TOLERANCE * m32 / t32 if t32 > 0 else 0.0
         return solve_mincut(energy, time_weight=nu, mem_weight=1.0)
     best = solve_mincut(energy)
     t_best = energy.total(best)[0]
-    if m32 <= 0 or t_best <= 0:
+    if t_best <= 0:
         return best
-    tie = solve_mincut(energy, mem_weight=TIE_TOLERANCE * t_best / m32)
-    t_tie = energy.total(tie)[0]
-    if t_tie <= min(t_best * (1 + TIE_TOLERANCE), t32) and energy.memory(tie) < energy.memory(best):
-        return tie
+    m_best = energy.memory(best)
+    m32, m_low = energy.memory({u: 0 for u in energy.unit_ops}), energy.memory({u: 1 for u in energy.unit_ops})
+    if m32 <= m_low:
+        return best
+    relative = TIE_TOLERANCE * t_best
+    for tol in dict.fromkeys((tie_tolerance(t_best, floor_s), relative)):
+        tie = _near_tie(energy, t_best, tol, tol / (m32 - m_low), m_best)
+        # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
+        # launch-bound model converting), not for storing FP32 work's weights low and casting them
+        if tie is not None and (energy.total(tie)[0] <= t_best + relative
+                                or energy.low_tc_flops(tie) > energy.low_tc_flops(best)):
+            return tie
     return best
+
+
+def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: float) -> dict[int, int] | None:
+    """The cut of ``time + mu * memory`` (``mu`` halving while it is slower than ``t_best + tol``),
+    if it needs less memory than ``m_best``; else None."""
+    for _ in range(_TIE_CUTS):
+        tie = solve_mincut(energy, mem_weight=mu)
+        if energy.total(tie)[0] <= t_best + tol:
+            return tie if energy.memory(tie) < m_best else None
+        mu /= 2
+    return None
 
 
 def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
@@ -240,18 +267,16 @@ def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
     return {u: int(any(n in low for n in names)) for u, names in energy.unit_ops.items()}
 
 
-def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer,
-                    liveness: Liveness | None = None) -> tuple[float, float]:
-    """Predicted (time, memory) with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
+def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
+    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
     saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
     for op in graph.ops.values():
         op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
     energy = build_energy(graph, ctx, timer)
-    all_low = {u: 1 for u in energy.unit_ops}
-    total, memory = energy.total(all_low)[0], plan_memory(graph, energy, all_low, liveness)
+    total = energy.total({u: 1 for u in energy.unit_ops})[0]
     for name, (eligible, unit) in saved.items():
         graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
-    return total, memory
+    return total
 
 
 def _fmt_us(seconds: float) -> str:

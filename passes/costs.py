@@ -60,8 +60,9 @@ class PlanEnergy:
     mem_terms: list[MemoryTerm] = field(default_factory=list)  # weights read by units
     act_fp32: dict[int, float] = field(default_factory=dict)  # bytes a unit's outputs hold in FP32
     act_low: dict[int, float] = field(default_factory=dict)  # ... and in the low dtype
+    tc_flops: dict[int, float] = field(default_factory=dict)  # a unit's tensor-core FLOPs (GEMM/conv work)
     low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
-    fixed_memory: float = 0.0  # weights whose dtype no plan changes
+    fixed_memory: float = 0.0  # weights and outputs of ops whose dtype no plan changes
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -102,6 +103,10 @@ class PlanEnergy:
         act = sum(self.act_low[u] if plan[u] else self.act_fp32[u] for u in self.unit_ops)
         return self.fixed_memory + self.weight_bytes(plan) + act
 
+    def low_tc_flops(self, plan: dict[int, int]) -> float:
+        """Tensor-core FLOPs ``plan`` runs in the low dtype."""
+        return sum(f for u, f in self.tc_flops.items() if plan[u])
+
     def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
         """(change in op time, change in cast time) if ``unit`` alone switched precision."""
         touched = self.by_unit.get(unit, ())
@@ -131,9 +136,11 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.time_fp32[uid] = timer.time(op, FLOAT32)
             energy.time_low[uid] = timer.time(op, low)
             energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
+            energy.tc_flops[uid] = timer.flops(op) if op.tensor_core else 0.0
         else:
             op.unit = None
             energy.fixed_time += timer.time(op, op.precision or FLOAT32)
+            energy.fixed_memory += timer.output_bytes(op, op.precision or FLOAT32)
 
     def code(dtype: str | None) -> int:
         return 1 if dtype == low else 0

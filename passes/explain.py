@@ -1,6 +1,6 @@
 """Say why tensor-core work stayed FP32, with the numbers and what would change it.
 
-The report's summary carries the result as ``fp32_tensor_core_why`` (at most four lines,
+The report's summary carries the result as ``fp32_tensor_core_why`` (at most five lines,
 empty when every GEMM/conv FLOP runs in the low dtype); the terminal table prints it first.
 """
 
@@ -40,7 +40,10 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
                      f"GEMM/conv FLOPs")
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
-                     f"-{saved / 2 ** 20:.2f} MiB")
+                     f"{-saved / 2 ** 20:+.2f} MiB")
+        needs = _casts_needed_by(graph, energy, flipped)
+        if needs:
+            lines.append(needs)
         lines.append(f"would change it: --dim NAME=SIZE (symbolic dims sized {graph.default_dim()}), --deploy "
                      "tensorrt|inductor (casts fuse), --objective memory")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
@@ -50,3 +53,28 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs "
                      f"({n}x: {reason})")
     return "\n".join(lines)
+
+
+def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> str:
+    """What the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
+    rule, out of the eligible region; by op type, the commonest first) and graph inputs/outputs
+    that keep their dtype; "" when no cast is charged."""
+    borders: Counter = Counter()
+    io = 0
+    for term in energy.terms:
+        if not energy.term_cost(term, plan):
+            continue
+        t = graph.tensors[term.tensor]
+        fixed = [graph.ops[n] for n in (t.producer, *(c for c, _ in t.consumers))
+                 if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
+        if fixed:
+            borders.update({op.op_type: 1 for op in fixed})
+        else:
+            io += 1
+    parts = [f"{n}x {kind}" for kind, n in borders.most_common(4)]
+    if io:
+        parts.append(f"{io} at graph inputs/outputs")
+    if not parts:
+        return ""
+    return ("the casts border ops that stay FP32 whatever the plan: " if borders else "the casts are at ") \
+        + ", ".join(parts)

@@ -35,10 +35,6 @@ class Prediction:
     all_low_s: float
     casts: int  # casts the chosen plan pays for
     cast_s: float
-    #: predicted memory (weights stored plus peak live activations) of the same three plans
-    memory_fp32_bytes: int = 0
-    memory_mixed_bytes: int = 0
-    memory_all_low_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,38 @@ def test_profiles_and_defaults():
     assert not RUNTIMES["ort-cuda"].fuse_casts and RUNTIMES["inductor"].fuse_casts
     assert RUNTIMES["inductor-cudagraphs"].launch_scale < RUNTIMES["inductor"].launch_scale
     np.testing.assert_equal(len(RUNTIMES["eager"].fused_edges), 0)
+
+
+def _rms_norm(form: str):
+    """x -> Pow -> ReduceMean -> Add eps -> Sqrt -> (Reciprocal, Mul x | Div x) -> Mul scale."""
+    import onnx
+    from onnx import numpy_helper
+
+    tail = ([helper.make_node("Reciprocal", ["s"], ["r"]), helper.make_node("Mul", ["x", "r"], ["n"])]
+            if form == "reciprocal" else [helper.make_node("Div", ["x", "s"], ["n"])])
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]), helper.make_node("ReduceMean", ["p", "axes"], ["m"]),
+             helper.make_node("Add", ["m", "eps"], ["a"]), helper.make_node("Sqrt", ["a"], ["s"]), *tail,
+             helper.make_node("Mul", ["w", "n"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"), weight("w", 64)]
+    return onnx.shape_inference.infer_shapes(model(nodes, [fin("x", 16, 64)], [fin("y", 16, 64)], inits))
+
+
+def test_ort_fuses_an_rms_norm_only_in_its_div_form(tmp_path):
+    """What the ``ort-cuda`` profile relies on when it prices a decomposed RMSNorm (and the casts
+    around it, when it stays FP32) unfused: ONNX Runtime's SimplifiedLayerNormFusion matches
+    ``Sqrt -> Div``, not the ``Sqrt -> Reciprocal -> Mul`` the dynamo exporter writes for
+    ``torch.rsqrt``. If ORT learns the second form, the profile must learn it too."""
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+
+    fused = {}
+    for form in ("div", "reciprocal"):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = str(tmp_path / f"{form}.onnx")
+        ort.InferenceSession(_rms_norm(form).SerializeToString(), so, providers=["CPUExecutionProvider"])
+        fused[form] = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    assert fused["div"] == ["SimplifiedLayerNormalization"]
+    assert "Reciprocal" in fused["reciprocal"] and "SimplifiedLayerNormalization" not in fused["reciprocal"]

@@ -1,10 +1,11 @@
 """Real models through the ONNX path: transformers configs, random weights, dynamo exporter.
 
 Small configs run every zoo architecture through conversion, the full ONNX checker and
-ONNX Runtime. They are launch-overhead bound, so the cost model rightly keeps them FP32:
-they are converted with the greedy painter, which puts every tensor-core op in FP16,
-to exercise the rewrite on real graphs. The base sizes of BERT, GPT-2, ResNet-50 and
-ViT are planned by the cost model (the default) and checked against issue #2's bar.
+ONNX Runtime. They are launch-overhead bound (FP16 and FP32 plans differ by a few cast
+kernels, a near-tie), so the first test converts them with the greedy painter, which puts
+every tensor-core op in FP16 whatever the profile, to exercise the rewrite on real graphs.
+The base sizes of BERT, GPT-2, ResNet-50 and ViT are planned by the cost model (the default)
+and checked against issue #2's bar.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from amp_compiler import convert_onnx  # noqa: E402
 from amp_compiler.analysis import analyze_model  # noqa: E402
 from amp_compiler.validate import compare_outputs, run_model  # noqa: E402
 from benchmarks.zoo import MODEL_NAMES, export_onnx, random_feeds  # noqa: E402
+from cost_model import DEVICES  # noqa: E402
+from passes.convert import TIE_LAUNCHES, tie_tolerance  # noqa: E402
 
 BASE_MODELS = ("bert", "gpt2", "resnet", "vit")
 
@@ -54,12 +57,17 @@ def test_small_model_converts_checks_loads_and_matches(name):
 def test_small_model_emitted_plan_prices_as_reported_and_no_slower_than_fp32(name):
     """The emitted model, priced op by op by an independent ruler (``analysis``: its own import of
     the written file, every op at the dtype it has there, every Cast node charged), costs what the
-    report predicts, and no more than the original FP32 model."""
+    report predicts, and no more than the original FP32 model beyond the tie tolerance (launch
+    bound: FP16 adds a few cast kernels and halves the weights, a near-tie memory decides)."""
     path = export_onnx(name, "small")
     converted, report = convert_onnx(path)
     realised = analyze_model(converted).predicted_time_s
     assert realised == pytest.approx(report.summary["predicted_time_mixed_s"], rel=1e-9)
-    assert realised <= analyze_model(onnx.load(path)).predicted_time_s * (1 + 1e-9)
+    s = report.summary  # by default, unless the casts around ops a rule keeps FP32 cost more than a tie
+    assert s["fp16_gemm_flop_fraction"] >= 0.95 or "border ops that stay FP32" in s["fp32_tensor_core_why"], name
+    fp32 = analyze_model(onnx.load(path)).predicted_time_s
+    floor = TIE_LAUNCHES * DEVICES["h100"].launch_overhead_us * 1e-6  # ort-cuda pays every launch
+    assert realised <= (fp32 + tie_tolerance(fp32, floor)) * (1 + 1e-9)
 
 
 @pytest.fixture(scope="module", params=BASE_MODELS)
@@ -90,6 +98,7 @@ def test_base_model_gemm_flops_run_in_fp16(base_conversion):
     for o in kept:
         assert "kept FP32 by the cost model" in o["reason"]
     assert kept_flops <= 0.005 * s["gemm_flops"]
+    assert s["predicted_time_mixed_s"] <= 1.02 * s["predicted_time_all_fp16_s"]  # within 2 % of the ceiling
 
 
 def test_base_model_deny_ops_stay_fp32_with_reason(base_conversion):

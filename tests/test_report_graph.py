@@ -18,7 +18,7 @@ from amp_compiler import convert_onnx
 from amp_compiler.report import Report
 from amp_compiler.report_charts import time_by_kind
 from amp_compiler.report_graph import build, category, drawn, group_of, render
-from amp_compiler.report_memory import MEMORY_KEYS, predicted_memory
+from amp_compiler.report_memory import MEMORY_KEYS, SCENARIOS, TOTAL_KEYS, predicted_memory
 from benchmarks.synthetic import transformer_graph
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -106,7 +106,26 @@ def test_memory_is_in_the_summary_and_adds_up():
     assert s["predicted_memory_activations_all_fp16_bytes"] == 2 * act * 2
     # mixed: FP32 x, its FP16 copy and FP16 h alive at the MatMul (FP16 h, y and y's FP32 copy at the Relu)
     assert s["predicted_memory_activations_mixed_bytes"] == act * 4 + 2 * act * 2
-    assert predicted_memory(report.data) == {k: s[k] for k in MEMORY_KEYS}
+    assert predicted_memory(report.data) == {k: s[k] for k in (*MEMORY_KEYS, *TOTAL_KEYS)}
+    for scenario in SCENARIOS:  # one estimate: the totals are the split's sums
+        assert s[f"predicted_memory_{scenario}_bytes"] == (s[f"predicted_memory_weights_{scenario}_bytes"]
+                                                           + s[f"predicted_memory_activations_{scenario}_bytes"])
+
+
+def test_a_view_shares_its_source_storage():
+    """x -> MatMul -> Reshape -> Relu: the reshape holds no storage of its own, so h and y are
+    the two activations alive at the Relu, and h lives until the Relu has read its view."""
+    n = 1000
+    w = numpy_helper.from_array(np.full((n, n), 0.01, np.float32), "W")
+    shape = numpy_helper.from_array(np.array([64 * n], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Reshape", ["h", "shape"], ["v"], name="view"),
+             helper.make_node("Relu", ["v"], ["y"], name="r")]
+    g = helper.make_graph(nodes, "view", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64 * n])], [w, shape])
+    _, report = convert_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), planner="all")
+    s = report.summary
+    assert s["predicted_memory_activations_fp32_bytes"] == 2 * 64 * n * 4  # a view counted would make it 3
 
 
 def test_casts_of_the_source_model_count_in_every_scenario():

@@ -261,7 +261,17 @@ def test_weights_fp16_cannot_hold_keep_their_op_fp32(scale, phrase):
 def test_a_plan_with_nothing_to_convert_leaves_the_graph_as_captured():
     from amp_compiler.fx_io.capture import export_graph
 
-    model, x = _seeded(Block).eval(), torch.randn(8, 256)  # 8 rows: launch-bound, all FP32 on an H100
+    class Islands(nn.Module):  # tiny GEMMs between exp/log (FP32 by rule): six cast kernels, beyond a near-tie
+        def __init__(self):
+            super().__init__()
+            self.fcs = nn.ModuleList(nn.Linear(64, 64) for _ in range(3))
+
+        def forward(self, x):
+            for fc in self.fcs:
+                x = torch.log1p(fc(torch.exp(x)).abs())
+            return x
+
+    model, x = _seeded(Islands).eval(), torch.randn(8, 64)  # 8 rows: launch-bound, all FP32 on an H100
     compiled = amp_compiler.compile(model, x)
     assert not _fp16_gemms(compiled.report)
     assert compiled.code == export_graph(model, (x,), None, source="Block").code

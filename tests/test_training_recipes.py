@@ -1,7 +1,8 @@
 """Fine-tuning recipes through compile_training, against eager PyTorch: frozen parameters,
 gradient clipping (and seeing the gradients), gradient accumulation, changing batch shapes.
 
-Tiny MLP, default plan (FP32 on a model this small), so parity is to float rounding.
+Tiny MLP, default plan (FP32 on a model this small, but for a frozen layer's forward GEMM:
+its weights are constants stored FP16 once, a near-tie), so parity is to float rounding.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
     for _ in range(3):
         _eager_step(eager, opt_e, x, y)
         step(x, y)
-    _close(eager, captured)
+    _close(eager, captured, rtol=1e-2, atol=1e-3)  # the frozen layer's GEMM runs FP16 (module docstring)
     assert torch.equal(captured[0].weight, frozen)
     assert captured[0].weight not in opt_c.state and captured[2].weight in opt_c.state
     graph = step.graph_module.graph

@@ -48,7 +48,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
                  f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · "
                  f"mixed {fmt_time(s.get('predicted_time_mixed_s'))} · "
                  f"all-FP16 {fmt_time(s.get('predicted_time_all_fp16_s'))}"))
-    if s.get("predicted_memory_fp32_bytes") is not None:  # weights + peak activations (passes/memory.py)
+    if s.get("predicted_memory_fp32_bytes") is not None:  # weights + peak activations (report_memory.py)
         mem = [f"{k} {fmt_bytes(s.get(f'predicted_memory_{f}_bytes'))}"
                for k, f in (("FP32", "fp32"), ("mixed", "mixed"), ("all-FP16", "all_fp16"))]
         rows.append(("predicted memory", " · ".join(mem)))
