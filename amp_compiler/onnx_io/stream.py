@@ -28,10 +28,10 @@ except ImportError:  # pragma: no cover - ml_dtypes comes with onnx
 
 def _tag(message, field: str) -> bytes:
     """The wire tag of a length-delimited field."""
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+    return encode_varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
 
 
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
@@ -43,18 +43,25 @@ def _varint(value: int) -> bytes:
 _GRAPH, _INITIALIZER, _RAW = _tag(ModelProto, "graph"), _tag(GraphProto, "initializer"), _tag(TensorProto, "raw_data")
 
 
+_SLICE = 1 << 18  # elements cast per write: source and buffer slices stay in cache
+
+
 @dataclass
 class PendingCast:
-    """The constant ``name``: the float32 bytes ``raw`` (shape ``dims``) cast to ``dtype``."""
+    """The constant ``name``: the float32 bytes ``raw`` (shape ``dims``; a view of a mapped file,
+    ``mapped``) cast to ``dtype`` (``"float32"``: copied as they are)."""
 
     name: str
     dims: tuple[int, ...]
-    raw: bytes
+    raw: bytes | memoryview
     dtype: str
 
+    @property
+    def target(self) -> np.dtype:
+        return np.dtype(ml_dtypes.bfloat16 if self.dtype == "bfloat16" else self.dtype)
+
     def values(self) -> np.ndarray:
-        src = np.frombuffer(self.raw, dtype=np.float32)
-        return src.astype(ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype))
+        return np.frombuffer(self.raw, dtype=np.float32).astype(self.target)
 
     def meta(self) -> TensorProto:
         proto = TensorProto(name=self.name, data_type=dtype_to_onnx(self.dtype))
@@ -67,16 +74,27 @@ class PendingCast:
 
 
 def write_pending(f: BinaryIO, pending: list[PendingCast]) -> None:
-    """Append each pending weight to a serialized ``ModelProto`` in ``f``, cast one at a time."""
+    """Append each pending weight to a serialized ``ModelProto`` in ``f``: cast slice by slice into
+    one reused buffer (fresh pages for a whole cast array cost as much as the rounding), or, for
+    ``float32``, written from the source bytes as they are."""
+    buffer = None
     for p in pending:
-        values = p.values()
+        nbytes = p.nbytes
         meta = p.meta().SerializeToString()
-        tensor_len = len(meta) + len(_RAW) + len(_varint(values.nbytes)) + values.nbytes
-        graph_len = len(_INITIALIZER) + len(_varint(tensor_len)) + tensor_len
-        f.write(_GRAPH + _varint(graph_len) + _INITIALIZER + _varint(tensor_len) + meta + _RAW
-                + _varint(values.nbytes))
-        f.write(np.ascontiguousarray(values).view(np.uint8).data)  # the array's own buffer: no bytes copy
-        del values
+        tensor_len = len(meta) + len(_RAW) + len(encode_varint(nbytes)) + nbytes
+        graph_len = len(_INITIALIZER) + len(encode_varint(tensor_len)) + tensor_len
+        f.write(_GRAPH + encode_varint(graph_len) + _INITIALIZER + encode_varint(tensor_len) + meta + _RAW
+                + encode_varint(nbytes))
+        if p.target == np.float32:
+            f.write(p.raw)
+            continue
+        src = np.frombuffer(p.raw, dtype=np.float32)
+        if buffer is None or buffer.dtype != p.target:
+            buffer = np.empty(_SLICE, dtype=p.target)
+        for start in range(0, src.size, _SLICE):
+            part = buffer[:min(_SLICE, src.size - start)]
+            part[...] = src[start:start + part.size]
+            f.write(part.view(np.uint8).data)
 
 
 def append_pending(model: ModelProto, pending: list[PendingCast]) -> None:
