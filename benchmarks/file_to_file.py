@@ -7,7 +7,9 @@ for the peers -- and measures its wall time from spawn to exit and its peak resi
 stages by the moment each progress line of the CLI reaches this process (it prints them on
 stderr as it enters each stage): start-up + imports, load, import to IR, plan, emit, write
 (the write stage also holds the terminal report and the interpreter's exit).
-``median_runs`` interleaves the tools' runs so that load from other jobs falls on all alike.
+``median_runs`` interleaves the tools' runs so that load from other jobs falls on all alike; each
+run writes a new output file (timing the replacement of the last run's would time its deletion),
+and amp-compiler's packages are byte-compiled first, as an install leaves them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .common import ROOT, WORKER, python_for
 
 _GNU_TIME = shutil.which("time", path="/usr/bin:/bin")
 STAGES = ("start-up+imports", "load", "import", "plan", "emit", "write")
+PACKAGES = ("amp_compiler", "passes", "cost_model")
 
 
 def run(tool: str, model: str | os.PathLike, out: str | os.PathLike, *, timeout: float = 1800.0,
@@ -104,7 +107,8 @@ def median_runs(model: str | os.PathLike, out_dir: Path, tools: tuple[str, ...],
             if unavailable:
                 runs[tool] = [{"tool": tool, "ok": False, "error": unavailable}]
                 continue
-            res = run(tool, model, out_dir / f"{tool}.onnx", timeout=timeout, python=python)
+            out = out_dir / f"{tool}-{r + 1}.onnx"  # a new file each run: replacing the last would time its deletion
+            res = run(tool, model, out, timeout=timeout, python=python)
             runs[tool].append(res)
             log(f"  {Path(model).name} {tool:18s} run {r + 1}/{repeat}: "
                 + (f"{res['wall_s']:.2f} s, {res['peak_rss_kb'] / 1024:.0f} MB" if res["ok"] else res["error"]))
@@ -158,6 +162,7 @@ def measure_models(models: list[str], size: str, tools: tuple[str, ...], repeat:
 
     from . import zoo
 
+    compile_bytecode()
     results = []
     for name in models:
         path = zoo.export_onnx(name, size)
@@ -170,6 +175,15 @@ def measure_models(models: list[str], size: str, tools: tuple[str, ...], repeat:
         results.append({"model": name, "size": size, "file_mb": round(path.stat().st_size / 2 ** 20, 1),
                         "load_average_before": load, "load_average_after": load_average(), "tools": cells})
     return results
+
+
+def compile_bytecode() -> None:
+    """Byte-compile amp-compiler's packages, as ``pip install`` does: the peers' site-packages come
+    compiled, and a checkout run with ``PYTHONDONTWRITEBYTECODE`` would compile every module each run."""
+    import compileall
+
+    for package in PACKAGES:
+        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def ratio(cells: dict[str, Any], tool: str, peer: str = "ort-float16") -> float | None:
