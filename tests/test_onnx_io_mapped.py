@@ -137,3 +137,16 @@ def test_mapped_weights_are_copied_into_external_data_and_into_model(tmp_path, l
     assert not (tmp_path / "one.onnx.data").exists()
     assert _by_name(external) == _by_name(onnx.load(str(tmp_path / "one.onnx"))) == _by_name(whole.model)
     assert _by_name(result.model) == _by_name(whole.model)  # the data read in from the mapped file
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_weights_cast_by_threads_give_the_same_bytes(tmp_path, monkeypatch, dtype) -> None:
+    from amp_compiler.onnx_io import stream
+
+    result = convert_onnx(_attention(), planner="all", dtype=dtype, deny_nodes=["out_proj"])
+    result.save(tmp_path / "serial.onnx")
+    monkeypatch.setattr(stream, "_THREADED_BYTES", 0)
+    monkeypatch.setattr(stream, "_SLICE", 100)  # many slices, buffers reused round the ring
+    result.save(tmp_path / "threaded.onnx")
+    assert (tmp_path / "threaded.onnx").read_bytes() == (tmp_path / "serial.onnx").read_bytes()
+    assert _by_name(onnx.load(str(tmp_path / "threaded.onnx"))) == _by_name(result.model)
