@@ -29,6 +29,11 @@ S, D = 16, 32
 FILL = float(np.finfo(np.float32).min)
 
 
+@pytest.fixture(autouse=True)
+def small_files(monkeypatch):
+    monkeypatch.setattr(mapped, "HOLLOW_MIN_FILE_BYTES", 0)
+
+
 @pytest.fixture
 def low_threshold(monkeypatch):
     monkeypatch.setattr(mapped, "HOLLOW_MIN_BYTES", 256)
@@ -85,6 +90,13 @@ def test_load_hollow_maps_the_large_float_initializers(tmp_path, low_threshold) 
             h.ClearField("data_location")
             h.raw_data = w.raw_data
     assert hollow.SerializeToString() == whole.SerializeToString()
+
+
+def test_small_files_are_parsed_whole(tmp_path, low_threshold, monkeypatch) -> None:
+    path = _save(_attention(), tmp_path / "m.onnx")
+    monkeypatch.setattr(mapped, "HOLLOW_MIN_FILE_BYTES", path.stat().st_size + 1)
+    assert mapped.load_hollow(path) is None
+    assert not any(is_external(t) for t in load_model(path, external_data="lazy").graph.initializer)
 
 
 def test_files_other_than_the_plain_layout_are_parsed_whole(tmp_path, low_threshold) -> None:

@@ -22,8 +22,10 @@ from onnx import ModelProto, TensorProto
 
 from .stream import encode_varint
 
-#: float32 main-graph initializers of at least this many bytes stay in the mapped file
+#: float32 main-graph initializers of at least this many bytes stay in the mapped file ...
 HOLLOW_MIN_BYTES = 64 << 10
+#: ... of a file of at least this many bytes (the walk costs about a microsecond per node)
+HOLLOW_MIN_FILE_BYTES = 32 << 20
 #: external-data key marking a tensor whose data is ``raw_data`` inside the model file itself
 INLINE_KEY = "amp_compiler.inline"
 _GRAPH, _INITIALIZER = 7, 5  # ModelProto.graph, GraphProto.initializer
@@ -61,10 +63,12 @@ def inline_view(target: Path, offset: int, length: int) -> memoryview:
 
 def load_hollow(path: Path) -> ModelProto | None:
     """The model at ``path`` with its float32 main-graph initializers of ``HOLLOW_MIN_BYTES`` or more
-    left in the file; None when the file is not the plain layout (or holds no such initializer)."""
+    left in the file; None when the file is smaller than ``HOLLOW_MIN_FILE_BYTES``, not the plain
+    layout, or holds no such initializer."""
     path = Path(os.path.realpath(path))
-    if path.stat().st_size == 0:
-        return None
+    size = path.stat().st_size
+    if size < HOLLOW_MIN_FILE_BYTES or size == 0:
+        return None  # copies of a small file's weights cost less than the walk over its nodes
     mm = mapped(path)
     try:
         data, hollow = _hollow_bytes(mm, HOLLOW_MIN_BYTES)
