@@ -16,17 +16,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from amp_compiler import cli, convert_onnx
 from amp_compiler.onnx_io import mapped
 from amp_compiler.onnx_io.files import load_model
 from amp_compiler.onnx_io.tensors import is_external
 
-from .builders import fin, model, weight
-
-S, D = 16, 32
-FILL = float(np.finfo(np.float32).min)
+from .test_pass_numerics_mask import D, FILL, S, _masked_attention
 
 
 @pytest.fixture(autouse=True)
@@ -40,25 +37,16 @@ def low_threshold(monkeypatch):
 
 
 def _attention() -> onnx.ModelProto:
-    """Masked attention (a 1 KiB mask fill to saturate) and a LayerNorm."""
-    nodes = [
-        helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q_proj"),
-        helper.make_node("Transpose", ["q"], ["qt"], name="qt", perm=[1, 0]),
-        helper.make_node("MatMul", ["q", "qt"], ["scores"], name="scores"),
-        helper.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask_fill"),
-        helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask_add"),
-        helper.make_node("Softmax", ["masked"], ["probs"], name="softmax"),
-        helper.make_node("MatMul", ["probs", "x"], ["ctx"], name="context"),
-        helper.make_node("MatMul", ["ctx", "Wo"], ["o"], name="out_proj"),
-        helper.make_node("LayerNormalization", ["o", "gamma", "beta"], ["y"], name="norm"),
-    ]
-    inits = [weight("Wq", D, D, scale=0.2), weight("Wo", D, D, scale=0.2),
-             numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero"),
-             numpy_helper.from_array(np.full((S, S), FILL, dtype=np.float32), "fill"),
-             numpy_helper.from_array(np.linspace(0.5, 1.5, D * 4, dtype=np.float32)[:D].copy(), "gamma"),
-             numpy_helper.from_array(np.zeros(D, np.float32), "beta"),
-             numpy_helper.from_array(np.arange(D * 8, dtype=np.int64), "unused_ints")]
-    return model(nodes, [fin("x", S, D), fin("keep", S, S, dtype=TensorProto.BOOL)], [fin("y", S, D)], inits)
+    """Masked attention with a 1 KiB mask fill to saturate, then a LayerNorm; an unused int64 table."""
+    m = _masked_attention()
+    fill = next(t for t in m.graph.initializer if t.name == "fill")
+    fill.CopyFrom(numpy_helper.from_array(np.full((S, S), FILL, dtype=np.float32), "fill"))
+    m.graph.node[-1].output[0] = "o"
+    m.graph.node.append(helper.make_node("LayerNormalization", ["o", "gamma", "beta"], ["y"], name="norm"))
+    m.graph.initializer.extend([numpy_helper.from_array(np.linspace(0.5, 1.5, D, dtype=np.float32), "gamma"),
+                                numpy_helper.from_array(np.zeros(D, np.float32), "beta"),
+                                numpy_helper.from_array(np.arange(D * 8, dtype=np.int64), "unused_ints")])
+    return m
 
 
 def _save(m: onnx.ModelProto, path: Path) -> Path:
