@@ -117,6 +117,8 @@ def median_runs(model: str | os.PathLike, out_dir: Path, tools: tuple[str, ...],
     """Each tool ``repeat`` times on ``model``, interleaved with the order rotated; the medians per tool."""
     runs: dict[str, list[dict]] = {t: [] for t in tools}
     pythons = {t: python_for(t, log=log) for t in tools}
+    if "amp-compiler" in tools:
+        compile_bytecode()
     for r in range(repeat):
         for tool in tools[r % len(tools):] + tools[:r % len(tools)]:
             python, unavailable = pythons[tool]
@@ -178,7 +180,6 @@ def measure_models(models: list[str], size: str, tools: tuple[str, ...], repeat:
 
     from . import zoo
 
-    compile_bytecode()
     results = []
     for name in models:
         path = zoo.export_onnx(name, size)
