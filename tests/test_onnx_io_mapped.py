@@ -87,6 +87,18 @@ def test_small_files_are_parsed_whole(tmp_path, low_threshold, monkeypatch) -> N
     assert not any(is_external(t) for t in load_model(path, external_data="lazy").graph.initializer)
 
 
+def test_a_file_that_cannot_be_mapped_is_parsed_whole(tmp_path, low_threshold, monkeypatch) -> None:
+    path = _save(_attention(), tmp_path / "m.onnx")
+
+    def refuse(*_, **__):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mapped.mmap, "mmap", refuse)
+    model = load_model(path, external_data="lazy")
+    assert not any(is_external(t) for t in model.graph.initializer)
+    assert model.SerializeToString() == onnx.load(str(path)).SerializeToString()
+
+
 def test_files_other_than_the_plain_layout_are_parsed_whole(tmp_path, low_threshold) -> None:
     typed = _attention()
     wq = typed.graph.initializer[0]

@@ -69,7 +69,10 @@ def load_hollow(path: Path) -> ModelProto | None:
     size = path.stat().st_size
     if size < HOLLOW_MIN_FILE_BYTES or size == 0:
         return None  # copies of a small file's weights cost less than the walk over its nodes
-    mm = mapped(path)
+    try:
+        mm = mapped(path)
+    except (OSError, ValueError):  # a file system that cannot map: the ordinary parser reads it
+        return None
     try:
         data, hollow = _hollow_bytes(mm, HOLLOW_MIN_BYTES)
     except (_Malformed, IndexError):
