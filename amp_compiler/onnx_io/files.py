@@ -3,7 +3,8 @@
 ``load_model`` pre-scans the file's wire format (``wire``), parses it, and checks
 every external-data reference (``tensors``): ``external_data="load"`` reads the data
 into the model (small models, the API); ``"lazy"`` leaves large tensors where they
-are, to be read tensor by tensor. Writing lives in ``save`` (streamed, staged through
+are, to be read tensor by tensor, and maps a large one-file model instead of reading it
+(``mapped``: its weights stay in the file). Writing lives in ``save`` (streamed, staged through
 ``atomic.Staging``), the output-path policy in ``paths``, deferred casts in
 ``deferred``; their public names are re-exported here. docs/architecture.md,
 "Input handling".
