@@ -14,7 +14,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "networkx>=3.0",
-        "scipy>=1.10",  # C max-flow for the min-cut planner
+        "scipy>=1.10",  # C max-flow for the min-cut planner on large graphs (passes/maxflow.py)
         "onnx>=1.16",
         "protobuf>=4.25",
         "ml_dtypes>=0.4",
@@ -37,7 +37,7 @@ setup(
         "bench": ["onnxruntime>=1.18", "onnxconverter-common>=1.14", "transformers>=4.45", "torch>=2.4", "onnxscript>=0.3"],
     },
     entry_points={
-        "console_scripts": ["amp-compile=amp_compiler.cli:main"],
+        "console_scripts": ["amp-compile=amp_compiler.cli:run"],
         # torch.compile(model, backend="amp_compiler") without importing amp_compiler first
         "torch_dynamo_backends": ["amp_compiler = amp_compiler.backend:amp_compiler_backend"],
     },

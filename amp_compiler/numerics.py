@@ -39,7 +39,7 @@ RANGES = {
 }
 
 _EXPONENT_BINS = 256  # float32 biased exponents; bin 0 holds the (nonzero) subnormals
-_SLICE = 1 << 16  # elements per slice of ValueStats.of: its temporaries stay in cache (10x faster than whole)
+_SLICE = 1 << 17  # elements per slice of ValueStats.of: its temporaries stay in cache (10x faster than whole)
 
 
 @dataclass(frozen=True)
@@ -53,24 +53,30 @@ class ValueStats:
 
     @classmethod
     def of(cls, values: np.ndarray) -> "ValueStats":
-        """Statistics in one pass over cache-sized slices: one histogram of the exponents per slice,
-        zeros (counted in bin 0 with the subnormals) and inf/NaN (bin 255) taken out afterwards."""
+        """Statistics in one pass over cache-sized slices. The exponents (as bytes) are counted in pairs:
+        one histogram of 65536 bins over the bytes read two at a time halves ``bincount``'s work, the
+        cost that dominates (folded into 256 bins at the end); zeros (bin 0, with the subnormals) and
+        inf/NaN (bin 255) are taken out afterwards."""
         bits_all = np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32)
+        pairs = np.zeros(1 << 16, dtype=np.int64)
         counts = np.zeros(_EXPONENT_BINS, dtype=np.int64)
         zeros = peak = 0
         for start in range(0, bits_all.size, _SLICE):
             bits = bits_all[start:start + _SLICE] & 0x7FFFFFFF
-            exponent = bits >> 23
-            part = np.bincount(exponent, minlength=_EXPONENT_BINS)
-            if part[0]:
-                z = int(np.count_nonzero(bits == 0))
-                part[0] -= z
-                zeros += z
-            finite = bits[exponent != 255] if part[255] else bits
+            exponent = (bits >> 23).astype(np.uint8)
+            if exponent.min() == 0:
+                zeros += int(np.count_nonzero(bits == 0))
+            finite = bits[exponent != 255] if exponent.max() == 255 else bits
             if finite.size:
                 peak = max(peak, int(finite.max()))
-            part[255] = 0
-            counts += part
+            if exponent.size % 2:
+                counts[exponent[-1]] += 1
+                exponent = exponent[:-1]
+            pairs += np.bincount(exponent.view(np.uint16), minlength=1 << 16)
+        grid = pairs.reshape(256, 256)  # [second byte, first byte]
+        counts += grid.sum(axis=0) + grid.sum(axis=1)
+        counts[0] -= zeros
+        counts[255] = 0
         return cls(int(bits_all.size), zeros, float(np.uint32(peak).view(np.float32)), tuple(int(c) for c in counts))
 
     @classmethod

@@ -6,7 +6,7 @@ Rewrite cases:
    exactly, by an s-t minimum cut (binary labelling, submodular energy). Source side
    is FP32, sink side the low dtype. Unary terms: edge s->u costs the unit's low-
    precision time, u->t its FP32 time. A tensor's cast is charged once per producer
-   output with two auxiliary nodes (solved with scipy's max-flow, in C): ``a`` pays when the producer is FP32 and some
+   output with two auxiliary nodes (solved by ``maxflow``): ``a`` pays when the producer is FP32 and some
    consumer low (p->a, a->c = inf), ``b`` when the producer is low and some consumer
    FP32 (b->p, c->b = inf). Fixed endpoints tie auxiliary nodes to s or t.
 2. ``planner="greedy"``: the TF Grappler-style painter, kept as a baseline: allow ops
@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+from .maxflow import min_cut_source_side  # scipy only for large graphs: its import costs more than a small cut
 
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import UNIT, PrecisionGraph
@@ -141,7 +140,7 @@ def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: 
 
 def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
     """Exact minimum of ``time_weight * time + mem_weight * memory`` by one s-t minimum cut
-    (scipy's C max-flow); every term is submodular, so the cut is exact."""
+    (``maxflow``); every term is submodular, so the cut is exact."""
     if not energy.unit_ops:
         return {}
     units = list(energy.unit_ops)
@@ -205,26 +204,8 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
 
 
 def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:
-    """Boolean mask of the nodes on the source side of a minimum s-t cut.
-
-    scipy's max-flow takes int32 capacities: finite costs are scaled so their total fits in
-    2**30, and "infinite" edges get 2**30, more than any finite cut.
-    """
-    cap = np.asarray(caps, dtype=np.float64)
-    finite = cap >= 0
-    total = float(cap[finite].sum()) or 1.0
-    scaled = np.where(finite, np.maximum(np.rint(cap * ((2 ** 30 - 1) / total)), 1), 2 ** 30).astype(np.int64)
-    graph = csr_matrix((scaled, (np.asarray(rows), np.asarray(cols))), shape=(n_nodes, n_nodes))
-    graph.sum_duplicates()  # repeated edges add up: in int64, then capped, so two "infinite" edges
-    graph.data = np.minimum(graph.data, 2 ** 30).astype(np.int32)  # never wrap around to a negative
-    flow = maximum_flow(graph, _SOURCE, _SINK).flow
-    residual = (graph - flow).tocsr()
-    residual.data[residual.data < 0] = 0
-    residual.eliminate_zeros()
-    reached = breadth_first_order(residual, _SOURCE, directed=True, return_predecessors=False)
-    side = np.zeros(n_nodes, dtype=bool)
-    side[reached] = True
-    return side
+    """Boolean mask of the nodes on the source side of a minimum s-t cut (``maxflow``; caps < 0: infinite)."""
+    return min_cut_source_side(n_nodes, rows, cols, caps, _SOURCE, _SINK)
 
 
 def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:

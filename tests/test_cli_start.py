@@ -99,3 +99,29 @@ def test_start_imports_nothing_heavy(tmp_path):
     for argv, expected in cases.items():
         assert heavy_after("from amp_compiler import cli; status = cli.main(sys.argv[1:])", *argv) == (expected, ""), \
             argv
+
+
+def test_the_console_entry_exits_at_once_with_everything_written(mlp_file, tmp_path):
+    """``python -m amp_compiler.cli`` (``cli.run``) skips the interpreter's teardown: the status, the
+    report on stdout, the error line and the model are all there."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = tmp_path / "out.onnx"
+    done = subprocess.run([sys.executable, "-m", "amp_compiler.cli", str(mlp_file), "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(cli_report_tail(out, mlp_file))
+    onnx.checker.check_model(onnx.load(out))
+    failed = subprocess.run([sys.executable, "-m", "amp_compiler.cli", str(tmp_path / "no.onnx"), "-o", str(out)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert failed.returncode == 2 and failed.stderr.strip().endswith("no.onnx: file not found")
+
+
+def cli_report_tail(out: Path, model: Path) -> str:
+    """The last line of the report the in-process CLI prints for the same conversion."""
+    import contextlib
+    import io
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        assert cli.main([str(model), "-o", str(out.with_name("again.onnx"))]) == 0
+    return text.getvalue().rstrip().splitlines()[-1]

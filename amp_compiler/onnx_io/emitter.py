@@ -145,7 +145,7 @@ def _fold_into(proto: TensorProto, t: Tensor, source: TensorProto, imp: OnnxImpo
     lazily, over 2 GB say) the cast is deferred: ``files.save_model`` streams it chunk by chunk,
     so no weight is ever held whole in memory."""
     base = imp.base_dir
-    if source.data_location == TensorProto.EXTERNAL and base:
+    if source.data_location == TensorProto.EXTERNAL and base and source.name not in imp.raw:
         defer_cast(proto, t.name, source, dtype_to_onnx(t.dtype), base)
     else:
         _fill_tensor(proto, t.name, to_dtype(_array(source, imp), t.dtype))
@@ -153,10 +153,10 @@ def _fold_into(proto: TensorProto, t: Tensor, source: TensorProto, imp: OnnxImpo
 
 def _saturate(imp: OnnxImport, init: TensorProto, bound: float) -> None:
     """Store a mask sentinel clamped to +-``bound`` (numerics rule 10), in place, FP32 kept."""
-    if init.data_location == TensorProto.EXTERNAL:
+    if init.data_location == TensorProto.EXTERNAL and init.name not in imp.raw:
         return  # a sentinel is a scalar or a small fill: never moved to external data by an exporter
     values = np.clip(_array(init, imp), -bound, bound).astype(np.float32)
-    for field in ("float_data", "raw_data"):
+    for field in ("float_data", "raw_data", "external_data", "data_location"):  # mapped (files.load_model): inline now
         init.ClearField(field)
     init.raw_data = values.tobytes()
     if init.name in imp.raw:

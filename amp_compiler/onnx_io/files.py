@@ -3,7 +3,8 @@
 ``load_model`` pre-scans the file's wire format (``wire``), parses it, and checks
 every external-data reference (``tensors``): ``external_data="load"`` reads the data
 into the model (small models, the API); ``"lazy"`` leaves large tensors where they
-are, to be read tensor by tensor. Writing lives in ``save`` (streamed, staged through
+are, to be read tensor by tensor, and maps a large one-file model instead of reading it
+(``mapped``: its weights stay in the file). Writing lives in ``save`` (streamed, staged through
 ``atomic.Staging``), the output-path policy in ``paths``, deferred casts in
 ``deferred``; their public names are re-exported here. docs/architecture.md,
 "Input handling".
@@ -20,6 +21,7 @@ from onnx import ModelProto
 
 from ..errors import ConversionError
 from .deferred import CAST_FROM_KEY, defer_cast, has_deferred, has_external, materialize
+from .mapped import load_hollow
 from .paths import check_output_path, external_data_name, input_files
 from .save import DEFAULT_EXTERNAL_THRESHOLD, EXTERNAL_THRESHOLD_ENV, TWO_GB, external_threshold, save_model
 from .skeleton import skeleton_copy
@@ -37,7 +39,9 @@ def load_model(path: str | os.PathLike, *, external_data: str = "load") -> Model
 
     ``external_data``: ``"load"`` reads external tensors into the model; ``"lazy"``
     checks them and leaves those of ``INLINE_BYTES`` or more in their files (read
-    them with ``iter_chunks(tensor, base_dir=<the model's folder>)``).
+    them with ``iter_chunks(tensor, base_dir=<the model's folder>)``), and maps a one-file
+    model instead of reading it: its large float32 initializers become references to their
+    bytes in the file (``mapped.load_hollow``), written back inline by ``save_model``.
     """
     if external_data not in ("load", "lazy"):
         raise ValueError(f"external_data must be 'load' or 'lazy', got {external_data!r}")
@@ -53,7 +57,9 @@ def load_model(path: str | os.PathLike, *, external_data: str = "load") -> Model
             raise ConversionError(name, "", f"the file is {size} bytes: protobuf cannot read a model over 2 GB "
                                             "stored in one file (store its weights as external data)")
         scan_model_fields(path, size)
-        model = onnx.load(name, load_external_data=False)
+        model = load_hollow(path) if external_data == "lazy" else None
+        if model is None:
+            model = onnx.load(name, load_external_data=False)
     except (DecodeError, RuntimeError, ValueError):
         raise ConversionError(name, "", "corrupt ONNX file: the protobuf does not parse") from None
     except OSError as exc:

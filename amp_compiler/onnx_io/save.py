@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import errno
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -23,11 +25,12 @@ from onnx import ModelProto, TensorProto
 from ..atomic import Staging
 from ..errors import ConversionError
 from .deferred import cast_source
+from .mapped import INLINE_KEY, inline_view, is_inline
 from .paths import external_data_name
 from .skeleton import skeleton_copy
 from .stream import PendingCast, append_pending, pending_nbytes, write_pending
 from .tensors import (CHUNK_BYTES, INLINE_BYTES, NUMPY, approx_nbytes, external_range, is_external, iter_tensors,
-                      tensor_nbytes)
+                      read_inline, tensor_nbytes)
 
 TWO_GB = 2 ** 31
 #: models whose tensors total at least this many bytes are saved with external data
@@ -59,10 +62,10 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
     name = str(out)
     data_path = out.resolve().parent / external_data_name(out)
     base = Path(base_dir).resolve() if base_dir is not None else None
-    total, sources = _survey(model, base)
+    total, sources, mapped_from = _survey(model, base)
     pending = pending if pending is not None else []
     total += pending_nbytes(pending)
-    protected = {Path(p).resolve() for p in protect} | sources
+    protected = {Path(p).resolve() for p in protect} | sources | mapped_from
     for path, what in ((out.resolve(), "the output"), (data_path, "its external data file")):
         if path in protected:
             raise ConversionError(name, "", f"{what} {path.name} is a file the model reads from; choose another path")
@@ -83,12 +86,14 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
                 skeleton = skeleton_copy(model, _DataWriter(data_file, data_path.name, base, name))
             payload = skeleton.SerializeToString()
             del skeleton
+            mapped = []
         else:
-            payload = model.SerializeToString()
+            with _mapped_out(model, base) as mapped:  # weights left in the mapped input: written after the rest
+                payload = model.SerializeToString()
         with open(staging.path(out), "wb") as f:
             f.write(payload)
             del payload
-            write_pending(f, pending)
+            write_pending(f, [*pending, *mapped])
         if own:
             staging.publish()
     except OSError as exc:
@@ -99,10 +104,12 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
     return out
 
 
-def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path]]:
-    """(approximate tensor bytes, external files read from); checks lazily loaded references."""
+def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path], set[Path]]:
+    """(approximate tensor bytes, external files read from, one-file models whose mapped weights it
+    holds: ``mapped.load_hollow``); checks lazily loaded references."""
     total = 0
     sources: set[Path] = set()
+    mapped_from: set[Path] = set()
     for tensor in iter_tensors(model):
         if not is_external(tensor):
             total += approx_nbytes(tensor)
@@ -117,9 +124,31 @@ def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path]]:
             raise ConversionError("", f"tensor {tensor.name!r}", "external data is not loaded and no folder to read "
                                                                  "it from was given")
         target, _, length = external_range(tensor, base, "")
-        sources.add(target)
+        (mapped_from if INLINE_KEY in info else sources).add(target)
         total += length
-    return total, sources
+    return total, sources, mapped_from
+
+
+@contextmanager
+def _mapped_out(model: ModelProto, base: Path | None) -> Iterator[list[PendingCast]]:
+    """Take the main graph's mapped initializers out of ``model`` for the block, as ``PendingCast``s
+    that copy them from the mapped file; those anywhere else are read into the model for good."""
+    inits = model.graph.initializer
+    taken = [(i, TensorProto()) for i, t in enumerate(inits) if is_external(t) and is_inline(t)]
+    out = []
+    for i, copy in taken:
+        copy.CopyFrom(inits[i])
+        out.append(PendingCast(copy.name, tuple(copy.dims), inline_view(*external_range(copy, base, "")), "float32"))
+    for i, _ in reversed(taken):
+        del inits[i]
+    for tensor in iter_tensors(model):  # elsewhere (load_hollow maps main-graph initializers; a copy may move one)
+        if is_external(tensor) and is_inline(tensor):
+            read_inline(tensor, *external_range(tensor, base, ""), "", f"tensor {tensor.name!r}")
+    try:
+        yield out
+    finally:  # back in the model, after the others (the order of initializers has no meaning)
+        for _, copy in taken:
+            inits.add().CopyFrom(copy)
 
 
 class _DataWriter:

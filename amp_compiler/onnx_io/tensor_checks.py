@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto
 
 from ..errors import ConversionError
 from .structure import graphs, node_label
+from .mapped import inline_view, is_inline
 from .tensors import external_range, is_external, tensor_nbytes
 
 VALID_CODES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
@@ -36,7 +37,8 @@ def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None,
     """Data types, dims and data sizes of every tensor; graph I/O element types.
 
     ``raw`` (the importer's) receives the float32 initializers' ``raw_data`` bytes read for the
-    size check, so that the importer and emitter do not copy them out of the proto again.
+    size check (views of the mapped file for those ``mapped.load_hollow`` left there), so that the
+    importer and emitter do not copy them out of the proto again.
     """
     base = Path(base_dir).resolve() if base_dir is not None else None
     for where, tensor, initializer in _labelled_tensors(model):
@@ -106,8 +108,9 @@ def _labelled_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto, boo
                     yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t, False
 
 
-def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) -> bytes | None:
-    """Raises for a malformed tensor; returns its ``raw_data`` where it read it."""
+def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) -> bytes | memoryview | None:
+    """Raises for a malformed tensor; returns its ``raw_data`` where it read it (a view of the mapped
+    file for a tensor ``mapped.load_hollow`` left there)."""
     if t.data_type not in VALID_CODES:
         what = "has no data type" if t.data_type == 0 else f"data type {t.data_type} is not an ONNX data type"
         raise ConversionError(source, where, what)
@@ -121,10 +124,10 @@ def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) ->
             raise ConversionError(source, where, "external data is not loaded and no folder to read it from was "
                                                  "given (load the model with its data, or pass the model's path)")
         try:
-            external_range(t, base, source)
+            target, offset, length = external_range(t, base, source)
         except ConversionError as exc:
             raise ConversionError(source, where, exc.reason) from None
-        return
+        return inline_view(target, offset, length) if is_inline(t) else None  # raw_data left in the mapped file
     type_name = TensorProto.DataType.Name(t.data_type).lower()
     if t.HasField("raw_data"):
         if t.data_type == TensorProto.STRING:
