@@ -132,7 +132,8 @@ def test_a_mapped_model_converts_to_the_file_a_read_one_does(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "mapped.onnx", "read.onnx"]  # one file each
     assert _by_name(out) == _by_name(read)
     weights = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    assert weights["fill_fp16"].min() == -16376.0  # saturated from the mapped bytes
+    fill = weights["fill_fp16"].min()
+    assert np.isfinite(fill) and fill < -1e4  # saturated (numerics rule 10) from the mapped bytes
     assert np.array_equal(weights["Wo"], numpy_helper.to_array(onnx.load(str(src)).graph.initializer[1]))
     onnx.checker.check_model(out, full_check=True)
 
