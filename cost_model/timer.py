@@ -46,11 +46,11 @@ class OpTimer:
         self.launch = self.roofline.launch_overhead * self.runtime.launch_scale
         self._leaders = self._group_leaders()
         self._flops: dict[str, float] = {}
-        self._times: dict[tuple[str, str], float] = {}
-        self._bytes: dict[tuple[str, str], float] = {}
+        self._times: dict[str, dict[str, float]] = {}  # dtype -> op name -> value (see _memo)
+        self._bytes: dict[str, dict[str, float]] = {}
         self._cast_costs: dict[object, float] = {}
         self._internal: dict[str, bool] = {}
-        self._out_bytes: dict[tuple[str, str], float] = {}
+        self._out_bytes: dict[str, dict[str, float]] = {}
 
     def _row(self, op: Op):
         return self.registry.by_canonical.get(op.canonical) if op.canonical else None
@@ -167,10 +167,13 @@ class OpTimer:
 
 
 def _memo(cache: dict, op: Op, dtype: str, compute) -> float:
-    key = (op.name, dtype)
-    cached = cache.get(key)
+    """``compute(op, dtype)``, cached per dtype then op name (no key tuple to build and hash per call)."""
+    per_dtype = cache.get(dtype)
+    if per_dtype is None:
+        per_dtype = cache[dtype] = {}
+    cached = per_dtype.get(op.name)
     if cached is None:
-        cached = cache[key] = compute(op, dtype)
+        cached = per_dtype[op.name] = compute(op, dtype)
     return cached
 
 
