@@ -73,12 +73,17 @@ class PlanEnergy:
         if term.producer[0] == "choose":
             used = {self.value(c, plan) for c in term.consumers}
             return term.cast_cost if {0, 1} <= used else 0.0
-        src = self.value(term.producer, plan)
-        if src is None:
+        kind, src = term.producer  # ``value`` inlined: this runs per term for every plan priced
+        if kind == "var":
+            src = plan[src]
+        elif kind != "fixed":
             return 0.0  # constants are stored in whatever dtype their consumers want
-        for c in term.consumers:
-            v = self.value(c, plan)
-            if v is not None and v != src:
+        for ckind, v in term.consumers:
+            if ckind == "var":
+                v = plan[v]
+            elif ckind != "fixed":
+                continue
+            if v != src:
                 return term.cast_cost
         return 0.0
 

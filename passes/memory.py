@@ -11,7 +11,7 @@ of this peak (a sum is modular, a peak is not; see ``docs/architecture.md``).
 
 from __future__ import annotations
 
-from amp_compiler.dtypes import FLOAT32, is_float
+from amp_compiler.dtypes import FLOAT32, is_float, itemsize
 from amp_compiler.ir import GRAPH_INPUT, UNIT, PrecisionGraph
 from amp_compiler.registry import DEFAULT_REGISTRY
 
@@ -42,19 +42,23 @@ class Liveness:
             if row is None or row.traffic != "alias":  # a view holds no storage of its own
                 self.spans += [(n, i, last_use(n, i)) for n in op.outputs if n]
         self.n_ops = end
-
-    def peak(self, energy: PlanEnergy, plan: dict[int, int]) -> float:
-        graph = self.graph
-        unit_of = {name: u for u, names in energy.unit_ops.items() for name in names}
-        delta = [0.0] * (self.n_ops + 2)
+        #: per span: (born, dies, the producer whose unit label sizes it or None, numel, own bytes)
+        self._sized = []
         for name, born, dies in self.spans:
             t = graph.tensors[name]
-            dtype = t.dtype
-            if t.producer in unit_of and is_float(dtype):
-                op = graph.ops[t.producer]
-                if op.output_roles and op.output_roles[t.producer_port] == UNIT:
-                    dtype = energy.low if plan[unit_of[t.producer]] else FLOAT32
-            b = float(graph.nbytes(t, dtype))
+            op = graph.ops.get(t.producer) if t.producer is not None else None
+            unit_port = (op is not None and is_float(t.dtype) and bool(op.output_roles)
+                         and op.output_roles[t.producer_port] == UNIT)
+            self._sized.append((born, dies, t.producer if unit_port else None, graph.numel(t),
+                                float(graph.nbytes(t, t.dtype))))
+
+    def peak(self, energy: PlanEnergy, plan: dict[int, int]) -> float:
+        unit_of = {name: u for u, names in energy.unit_ops.items() for name in names}
+        size_low, size32 = itemsize(energy.low), itemsize(FLOAT32)
+        delta = [0.0] * (self.n_ops + 2)
+        for born, dies, producer, numel, own in self._sized:
+            u = unit_of.get(producer) if producer is not None else None
+            b = own if u is None else float(numel * (size_low if plan[u] else size32))
             delta[born] += b
             delta[dies + 1] -= b
         live = peak = 0.0
