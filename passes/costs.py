@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amp_compiler.dtypes import FLOAT32, is_float, itemsize
+from amp_compiler.dtypes import FLOAT32, itemsize
 from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
 
@@ -157,22 +157,24 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             return ("choose", None)
         return ("fixed", code(t.dtype))
 
-    for t in graph.float_tensors():
-        if t.dtype not in (FLOAT32, low):
+    ops = graph.ops
+    for t in graph.tensors.values():
+        if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
             continue
+        own = ("fixed", code(t.dtype))  # the tensor's dtype is float: any role but unit/any keeps it
         ends: list[Endpoint] = []
         for cname, port in t.consumers:
-            op = graph.ops[cname]
+            op = ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
-                ends.append(("var", units[cname]) if cname in units else ("fixed", code(op.precision)))
-            elif role == FIXED:
-                ends.append(("fixed", code(t.dtype)))
-            elif role != ANY and is_float(t.dtype):
-                ends.append(("fixed", code(t.dtype)))
+                uid = units.get(cname)
+                ends.append(("var", uid) if uid is not None else ("fixed", code(op.precision)))
+            elif role != ANY:
+                ends.append(own)
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
-            ends.append(("fixed", code(t.dtype)))
-        ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
+            ends.append(own)
+        if len(ends) > 1:
+            ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
         prod = producer_end(t)
         if t.kind in (CONSTANT, PARAMETER) and ends:
             _weight_memory(graph, energy, t, prod, ends, low)
