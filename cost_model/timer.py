@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import UNKNOWN_ITEMSIZE, itemsize
-from .flops import misaligned_dims, op_flops
+from .flops import alignment_dims, misaligned, op_flops
 from .fusion import form_groups, op_kind
 from .roofline import Roofline
 from .runtime import get_runtime
@@ -50,6 +50,7 @@ class OpTimer:
         self._bytes: dict[str, dict[str, float]] = {}
         self._cast_costs: dict[object, float] = {}
         self._internal: dict[str, bool] = {}
+        self._align_dims: dict[str, dict[str, int]] = {}
         self._out_bytes: dict[str, dict[str, float]] = {}
 
     def _row(self, op: Op):
@@ -109,7 +110,12 @@ class OpTimer:
         return op_bytes(op, self.graph, dtype, row.traffic if row else ALL, internal)
 
     def aligned(self, op: Op, dtype: str) -> bool:
-        return not misaligned_dims(op, self.graph, dtype)
+        """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype
+        (a cast the casts pass inserts keeps its input's shape, so they hold after it too)."""
+        dims = self._align_dims.get(op.name)
+        if dims is None:
+            dims = self._align_dims[op.name] = alignment_dims(op, self.graph)
+        return not misaligned(dims, dtype)
 
     def time(self, op: Op, dtype: str) -> float:
         return _memo(self._times, op, dtype, self._time)
