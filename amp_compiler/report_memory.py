@@ -116,7 +116,8 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
         live = peak = 0
         for d in deltas[s]:
             live += d
-            peak = max(peak, live)
+            if live > peak:  # max() as a call per op costs more than the walk
+                peak = live
         out[f"predicted_memory_activations_{s}_bytes"] = peak
     return out
 

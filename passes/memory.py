@@ -64,7 +64,8 @@ class Liveness:
         live = peak = 0.0
         for d in delta:
             live += d
-            peak = max(peak, live)
+            if live > peak:  # max() as a call per op costs more than the walk
+                peak = live
         return peak
 
 
