@@ -17,7 +17,7 @@ from .flops import alignment_dims, misaligned, op_flops
 from .fusion import form_groups, op_kind
 from .roofline import Roofline
 from .runtime import get_runtime
-from .traffic import ALIAS, ALL, op_bytes
+from .traffic import ALIAS, ALL, op_bytes_each
 
 if TYPE_CHECKING:
     from amp_compiler.ir import Op, PrecisionGraph, Tensor
@@ -101,13 +101,24 @@ class OpTimer:
         return _memo(self._bytes, op, dtype, self._boundary_bytes)
 
     def _boundary_bytes(self, op: Op, dtype: str) -> float:
+        return self._boundary_bytes_each(op, (dtype,))[0]
+
+    def _boundary_bytes_each(self, op: Op, dtypes: tuple[str, ...]) -> list[float]:
         row = self._row(op)
         same, tensors = self.groups.same_group, self.graph.tensors
 
         def internal(name: str, read: bool) -> bool:  # an intermediate of the fused kernel
             return same(tensors[name].producer, op.name) if read else self.internal(tensors[name])
 
-        return op_bytes(op, self.graph, dtype, row.traffic if row else ALL, internal)
+        return op_bytes_each(op, self.graph, dtypes, row.traffic if row else ALL, internal)
+
+    def times(self, op: Op, dtypes: tuple[str, ...]) -> list[float]:
+        """``[time(op, d) for d in dtypes]``, the op's ports walked once for the bytes of all of them."""
+        missing = tuple(d for d in dtypes if op.name not in self._bytes.get(d, ()))
+        if len(missing) > 1 and not (op.canonical == "cast" and op.inserted):
+            for dtype, value in zip(missing, self._boundary_bytes_each(op, missing)):
+                self._bytes.setdefault(dtype, {})[op.name] = value
+        return [self.time(op, d) for d in dtypes]
 
     def aligned(self, op: Op, dtype: str) -> bool:
         """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype

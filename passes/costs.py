@@ -133,8 +133,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             units[op.name] = uid
             op.unit = uid
             energy.unit_ops[uid] = [op.name]
-            energy.time_fp32[uid] = timer.time(op, FLOAT32)
-            energy.time_low[uid] = timer.time(op, low)
+            energy.time_fp32[uid], energy.time_low[uid] = timer.times(op, (FLOAT32, low))
             energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
         else:
             op.unit = None
