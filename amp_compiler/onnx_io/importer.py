@@ -158,6 +158,8 @@ def _check_port_types(graph: PrecisionGraph, op: Op, node: NodeProto, source: st
     some mismatches, in models with local functions for one; the casts the plan inserts would not
     make such a model valid)."""
     for group in op.port_groups:
+        if len(group.inputs) + len(group.outputs) < 2:
+            continue  # one port agrees with itself
         seen: list[tuple[str, str]] = []
         for names in ([op.inputs[i] for i in group.inputs if i < len(op.inputs)],
                       [op.outputs[o] for o in group.outputs if o < len(op.outputs)]):

@@ -130,6 +130,8 @@ class _Structure:
                     raise ConversionError(self.source, label(), f"input {n!r} is not produced by any node, graph "
                                                                 "input or initializer")
             for a in attributes:
+                if not (a.HasField("g") or a.graphs):
+                    continue
                 subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
                 for k, sub in enumerate(subs):
                     sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
@@ -225,7 +227,8 @@ def graphs(g: GraphProto, path: str) -> Iterator[tuple[GraphProto, str]]:
     yield g, path
     for idx, node in enumerate(g.node):
         for a in node.attribute:
-            subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
-            for sub in subs:
-                yield from graphs(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}")
+            if a.HasField("g") or a.graphs:  # most attributes hold no graph: no lists built for them
+                subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+                for sub in subs:
+                    yield from graphs(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}")
 
