@@ -85,6 +85,8 @@ def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[
         return
     row = DEFAULT_REGISTRY.lookup_onnx(node.domain, node.op_type)
     wanted = set(row.dtype_attrs) if row else set()
+    if not wanted and not node.attribute:
+        return  # no dtype attribute to retarget nor to add (most ops)
     int_attrs = {"to", "dtype"} | wanted
     present = set()
     for i, a in enumerate(node.attribute):
