@@ -238,29 +238,23 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
 def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
     """dtype and shape of every value the model declares; shape inference (``inferred``) fills the gaps."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
-
-    def walk(g: GraphProto) -> tuple[int, int]:
-        for vi in (*g.input, *g.output, *g.value_info):
-            dtype, shape = _value_type(vi)
-            if dtype is not None:
-                types[vi.name] = (dtype, shape)
-        outputs = known = 0
-        for node in g.node:
-            for out in node.output:
-                if out:
-                    outputs += 1
-                    known += out in types
-            for a in node.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
-                    o, k = walk(sub)
-                    outputs += o
-                    known += k
-        return outputs, known
-
-    walk(model.graph)
+    _declared_types(model.graph, types)
     for name, (code, shape) in inferred.items():
         types.setdefault(name, (onnx_to_dtype(code), shape))
     return types
+
+
+def _declared_types(g: GraphProto, types: dict) -> None:
+    """Add the typed values ``g`` and its subgraphs declare to ``types`` (a module-level function:
+    a recursive closure is a reference cycle that would keep ``types`` alive until a collection)."""
+    for vi in (*g.input, *g.output, *g.value_info):
+        dtype, shape = _value_type(vi)
+        if dtype is not None:
+            types[vi.name] = (dtype, shape)
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
+                _declared_types(sub, types)
 
 
 def _constant_stats(node: NodeProto) -> ValueStats | None:
