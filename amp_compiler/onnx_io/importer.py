@@ -28,6 +28,7 @@ from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .tensors import iter_chunks
 from .schemas import port_groups
+from .inference import tensor_type
 from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
@@ -216,13 +217,8 @@ def _attrs(attributes) -> dict[str, Any]:
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> tuple[str | None, tuple | None]:
-    if not vi.type.HasField("tensor_type"):
-        return None, None
-    tt = vi.type.tensor_type
-    shape = None
-    if tt.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return onnx_to_dtype(tt.elem_type) if tt.elem_type else None, shape
+    code, shape = tensor_type(vi)
+    return onnx_to_dtype(code) if code else None, shape
 
 
 def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
