@@ -279,7 +279,11 @@ class PrecisionGraph:
 
     def numel(self, tensor: str | Tensor) -> int:
         """Element count for cost estimates (symbolic dims resolved from the graph's dim sizes)."""
-        return self._sizes(self.tensors[tensor] if isinstance(tensor, str) else tensor)[2]
+        t = self.tensors[tensor] if isinstance(tensor, str) else tensor
+        memo = t.size_memo  # _sizes' check, inlined: the cost model asks this per port of every op
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            memo = self._sizes(t)
+        return memo[2]
 
     def nbytes(self, tensor: str | Tensor, dtype: str | None = None) -> int:
         t = self.tensors[tensor] if isinstance(tensor, str) else tensor
@@ -287,7 +291,10 @@ class PrecisionGraph:
         size = _ITEMSIZES.get(dtype)
         if size is None:
             size = _ITEMSIZES[dtype] = itemsize(dtype)
-        return self._sizes(t)[2] * size
+        memo = t.size_memo
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            memo = self._sizes(t)
+        return memo[2] * size
 
     def concrete_shape(self, tensor: str) -> list[int] | None:
         """The tensor's shape with symbolic dims resolved, or None when unknown."""
