@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .numerics import ValueStats
 
 UNIT, FIXED, ANY, OTHER = "unit", "fixed", "any", "other"
+_ITEMSIZES: dict[str | None, int] = {}  # dtype -> itemsize, filled as dtypes are met
 
 # Tensor kinds.
 ACTIVATION, GRAPH_INPUT, CONSTANT, PARAMETER = "activation", "input", "constant", "parameter"
@@ -53,7 +54,7 @@ class PortGroup:
     binds_output: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Tensor:
     """A value: produced by at most one op (or a graph input / constant), read by many."""
 
@@ -83,6 +84,9 @@ class Tensor:
     #: set by the numerics pass: a mask sentinel (finfo.min) the emitter stores clamped to this
     #: magnitude, the low dtype's largest finite value (docs/architecture.md, "Numerics")
     saturate_to: float | None = None
+    #: ``PrecisionGraph``'s memo of this value's resolved sizes: (shape, dim sizes token, numel,
+    #: concrete shape); valid while ``shape`` and the graph's dim sizes are the same objects
+    size_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_constant(self) -> bool:
@@ -104,7 +108,7 @@ class Tensor:
         return self.numel(default_dim, dim_values) * itemsize(dtype or self.dtype)
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One operation, with what the source artifact called it and what the passes decided."""
 
@@ -156,7 +160,7 @@ class PrecisionGraph:
         self._dim_values: dict[str, int] = {}
         self._fresh = itertools.count()
         self._reserved: set[str] = set()
-        self._numel_cache: dict[tuple, int] = {}  # cleared when dim sizes change (set_dim_sizes)
+        self._dims_token = object()  # replaced when dim sizes change: tensors' size memos go stale
 
     # -- building ---------------------------------------------------------------------------
     def add_tensor(self, tensor: Tensor) -> Tensor:
@@ -253,7 +257,7 @@ class PrecisionGraph:
         """Sizes the cost model uses for symbolic dims."""
         self._default_dim = int(default_dim)
         self._dim_values = dict(dim_values or {})
-        self._numel_cache.clear()
+        self._dims_token = object()
 
     def default_dim(self) -> int:
         return self._default_dim
@@ -261,28 +265,41 @@ class PrecisionGraph:
     def dim_values(self) -> dict[str, int]:
         return self._dim_values
 
+    def _sizes(self, t: Tensor) -> tuple:
+        """``t``'s (shape, token, numel, concrete shape), memoised on the tensor: the cost model,
+        memory walks and reports ask for the same sizes many times per tensor."""
+        memo = t.size_memo
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            d, values = self._default_dim, self._dim_values
+            concrete = None if t.shape is None else tuple(
+                x if isinstance(x, int) and x >= 0 else values.get(x, d) if isinstance(x, str) else d
+                for x in t.shape)
+            memo = t.size_memo = (t.shape, self._dims_token, t.numel(d, values), concrete)
+        return memo
+
     def numel(self, tensor: str | Tensor) -> int:
         """Element count for cost estimates (symbolic dims resolved from the graph's dim sizes)."""
         t = self.tensors[tensor] if isinstance(tensor, str) else tensor
-        key = (t.name, t.shape)
-        n = self._numel_cache.get(key)
-        if n is None:
-            n = self._numel_cache[key] = t.numel(self.default_dim(), self.dim_values())
-        return n
+        memo = t.size_memo  # _sizes' check, inlined: the cost model asks this per port of every op
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            memo = self._sizes(t)
+        return memo[2]
 
     def nbytes(self, tensor: str | Tensor, dtype: str | None = None) -> int:
         t = self.tensors[tensor] if isinstance(tensor, str) else tensor
-        return self.numel(t) * itemsize(dtype or t.dtype)
+        dtype = dtype or t.dtype
+        size = _ITEMSIZES.get(dtype)
+        if size is None:
+            size = _ITEMSIZES[dtype] = itemsize(dtype)
+        memo = t.size_memo
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            memo = self._sizes(t)
+        return memo[2] * size
 
     def concrete_shape(self, tensor: str) -> list[int] | None:
         """The tensor's shape with symbolic dims resolved, or None when unknown."""
-        t = self.tensors[tensor]
-        if t.shape is None:
-            return None
-        d, values = self.default_dim(), self.dim_values()
-        return [x if isinstance(x, int) and x >= 0 else values.get(x, d) if isinstance(x, str) else d
-                for x in t.shape]
-
+        concrete = self._sizes(self.tensors[tensor])[3]
+        return None if concrete is None else list(concrete)
 
 __all__ = [
     "ACTIVATION", "ANY", "CONSTANT", "FIXED", "FLOAT32", "GRAPH_INPUT", "OTHER", "PARAMETER", "UNIT",

@@ -159,7 +159,12 @@ def alignment_dims(op: Op, graph: PrecisionGraph) -> dict[str, int]:
 
 def misaligned_dims(op: Op, graph: PrecisionGraph, dtype: str) -> dict[str, int]:
     """The tensor-core dims of ``op`` that are not a multiple of ``dtype``'s granularity (8 for FP16/BF16)."""
-    return {k: v for k, v in alignment_dims(op, graph).items() if not tensor_core_aligned(dtype, v)}
+    return misaligned(alignment_dims(op, graph), dtype)
+
+
+def misaligned(dims: dict[str, int], dtype: str) -> dict[str, int]:
+    """The dims of ``dims`` (``alignment_dims``' result) that are not aligned for ``dtype``."""
+    return {k: v for k, v in dims.items() if not tensor_core_aligned(dtype, v)}
 
 
 def padded(dim: int, dtype: str) -> int:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import UNKNOWN_ITEMSIZE, itemsize
-from .flops import misaligned_dims, op_flops
+from .flops import alignment_dims, misaligned, op_flops
 from .fusion import form_groups, op_kind
 from .roofline import Roofline
 from .runtime import get_runtime
-from .traffic import ALIAS, ALL, op_bytes
+from .traffic import ALIAS, ALL, op_bytes_each
 
 if TYPE_CHECKING:
     from amp_compiler.ir import Op, PrecisionGraph, Tensor
@@ -46,11 +46,12 @@ class OpTimer:
         self.launch = self.roofline.launch_overhead * self.runtime.launch_scale
         self._leaders = self._group_leaders()
         self._flops: dict[str, float] = {}
-        self._times: dict[tuple[str, str], float] = {}
-        self._bytes: dict[tuple[str, str], float] = {}
+        self._times: dict[str, dict[str, float]] = {}  # dtype -> op name -> value (see _memo)
+        self._bytes: dict[str, dict[str, float]] = {}
         self._cast_costs: dict[object, float] = {}
         self._internal: dict[str, bool] = {}
-        self._out_bytes: dict[tuple[str, str], float] = {}
+        self._align_dims: dict[str, dict[str, int]] = {}
+        self._out_bytes: dict[str, dict[str, float]] = {}
 
     def _row(self, op: Op):
         return self.registry.by_canonical.get(op.canonical) if op.canonical else None
@@ -100,16 +101,32 @@ class OpTimer:
         return _memo(self._bytes, op, dtype, self._boundary_bytes)
 
     def _boundary_bytes(self, op: Op, dtype: str) -> float:
+        return self._boundary_bytes_each(op, (dtype,))[0]
+
+    def _boundary_bytes_each(self, op: Op, dtypes: tuple[str, ...]) -> list[float]:
         row = self._row(op)
         same, tensors = self.groups.same_group, self.graph.tensors
 
         def internal(name: str, read: bool) -> bool:  # an intermediate of the fused kernel
             return same(tensors[name].producer, op.name) if read else self.internal(tensors[name])
 
-        return op_bytes(op, self.graph, dtype, row.traffic if row else ALL, internal)
+        return op_bytes_each(op, self.graph, dtypes, row.traffic if row else ALL, internal)
+
+    def times(self, op: Op, dtypes: tuple[str, ...]) -> list[float]:
+        """``[time(op, d) for d in dtypes]``, the op's ports walked once for the bytes of all of them."""
+        missing = tuple(d for d in dtypes if op.name not in self._bytes.get(d, ()))
+        if len(missing) > 1 and not (op.canonical == "cast" and op.inserted):
+            for dtype, value in zip(missing, self._boundary_bytes_each(op, missing)):
+                self._bytes.setdefault(dtype, {})[op.name] = value
+        return [self.time(op, d) for d in dtypes]
 
     def aligned(self, op: Op, dtype: str) -> bool:
-        return not misaligned_dims(op, self.graph, dtype)
+        """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype
+        (a cast the casts pass inserts keeps its input's shape, so they hold after it too)."""
+        dims = self._align_dims.get(op.name)
+        if dims is None:
+            dims = self._align_dims[op.name] = alignment_dims(op, self.graph)
+        return not misaligned(dims, dtype)
 
     def time(self, op: Op, dtype: str) -> float:
         return _memo(self._times, op, dtype, self._time)
@@ -167,10 +184,13 @@ class OpTimer:
 
 
 def _memo(cache: dict, op: Op, dtype: str, compute) -> float:
-    key = (op.name, dtype)
-    cached = cache.get(key)
+    """``compute(op, dtype)``, cached per dtype then op name (no key tuple to build and hash per call)."""
+    per_dtype = cache.get(dtype)
+    if per_dtype is None:
+        per_dtype = cache[dtype] = {}
+    cached = per_dtype.get(op.name)
     if cached is None:
-        cached = cache[key] = compute(op, dtype)
+        cached = per_dtype[op.name] = compute(op, dtype)
     return cached
 
 

@@ -67,14 +67,17 @@ def _keep_unconverted_masks(graph: PrecisionGraph) -> None:
 
 def _mismatched_unit_ports(graph: PrecisionGraph):
     """``op.name/port`` of each float unit port whose tensor's dtype is not the op's precision."""
+    tensors = graph.tensors
     for op in graph.ops.values():
-        if op.precision is None:
+        precision = op.precision
+        if precision is None or UNIT not in op.input_roles and UNIT not in op.output_roles:
             continue
         for kind, names, roles in (("in", op.inputs, op.input_roles), ("out", op.outputs, op.output_roles)):
             for port, (name, role) in enumerate(zip(names, roles)):
-                if name and role == UNIT and is_float(graph.tensors[name].dtype) \
-                        and graph.tensors[name].dtype != op.precision:
-                    yield f"{op.name} {kind}[{port}]"
+                if role == UNIT and name:
+                    dtype = tensors[name].dtype
+                    if dtype != precision and is_float(dtype):
+                        yield f"{op.name} {kind}[{port}]"
 
 
 def _retype_outputs(graph: PrecisionGraph) -> None:

@@ -85,13 +85,15 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
 
 def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext) -> None:
     known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
+    tensors = graph.tensors
+    in_dtypes = [tensors[name].dtype if name else None for name in op.inputs]  # read once per op
+    out_dtypes = [tensors[name].dtype if name else None for name in op.outputs]
+
     def dtype_in(port: int) -> str | None:
-        name = op.inputs[port] if port < len(op.inputs) else ""
-        return graph.tensors[name].dtype if name else None
+        return in_dtypes[port] if port < len(in_dtypes) else None
 
     def dtype_out(port: int) -> str | None:
-        name = op.outputs[port] if port < len(op.outputs) else ""
-        return graph.tensors[name].dtype if name else None
+        return out_dtypes[port] if port < len(out_dtypes) else None
 
     in_roles = [OTHER] * len(op.inputs)
     out_roles = [OTHER] * len(op.outputs)

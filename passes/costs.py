@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amp_compiler.dtypes import FLOAT32, is_float, itemsize
+from amp_compiler.dtypes import FLOAT32, itemsize
 from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
 
@@ -74,12 +74,17 @@ class PlanEnergy:
         if term.producer[0] == "choose":
             used = {self.value(c, plan) for c in term.consumers}
             return term.cast_cost if {0, 1} <= used else 0.0
-        src = self.value(term.producer, plan)
-        if src is None:
+        kind, src = term.producer  # ``value`` inlined: this runs per term for every plan priced
+        if kind == "var":
+            src = plan[src]
+        elif kind != "fixed":
             return 0.0  # constants are stored in whatever dtype their consumers want
-        for c in term.consumers:
-            v = self.value(c, plan)
-            if v is not None and v != src:
+        for ckind, v in term.consumers:
+            if ckind == "var":
+                v = plan[v]
+            elif ckind != "fixed":
+                continue
+            if v != src:
                 return term.cast_cost
         return 0.0
 
@@ -133,8 +138,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             units[op.name] = uid
             op.unit = uid
             energy.unit_ops[uid] = [op.name]
-            energy.time_fp32[uid] = timer.time(op, FLOAT32)
-            energy.time_low[uid] = timer.time(op, low)
+            energy.time_fp32[uid], energy.time_low[uid] = timer.times(op, (FLOAT32, low))
             energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
             energy.tc_flops[uid] = timer.flops(op) if op.tensor_core else 0.0
         else:
@@ -159,22 +163,24 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             return ("choose", None)
         return ("fixed", code(t.dtype))
 
-    for t in graph.float_tensors():
-        if t.dtype not in (FLOAT32, low):
+    ops = graph.ops
+    for t in graph.tensors.values():
+        if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
             continue
+        own = ("fixed", code(t.dtype))  # the tensor's dtype is float: any role but unit/any keeps it
         ends: list[Endpoint] = []
         for cname, port in t.consumers:
-            op = graph.ops[cname]
+            op = ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
-                ends.append(("var", units[cname]) if cname in units else ("fixed", code(op.precision)))
-            elif role == FIXED:
-                ends.append(("fixed", code(t.dtype)))
-            elif role != ANY and is_float(t.dtype):
-                ends.append(("fixed", code(t.dtype)))
+                uid = units.get(cname)
+                ends.append(("var", uid) if uid is not None else ("fixed", code(op.precision)))
+            elif role != ANY:
+                ends.append(own)
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
-            ends.append(("fixed", code(t.dtype)))
-        ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
+            ends.append(own)
+        if len(ends) > 1:
+            ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
         prod = producer_end(t)
         if t.kind in (CONSTANT, PARAMETER) and ends:
             _weight_memory(graph, energy, t, prod, ends, low)

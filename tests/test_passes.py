@@ -442,3 +442,22 @@ def test_cli_deny_propagation_flag(tmp_path):
         assert cli.main([str(src), "--dry-run", "--planner", "all", *flag, "--report", str(report), "-q"]) == 0
         div = {o["name"]: o for o in Report.from_json(report).ops}["div"]
         assert ("downstream of deny op mean through sqrt" in div["reason"]) is tainted
+
+
+def test_tensor_sizes_follow_shape_and_dim_size_changes():
+    """The sizes memoised on a tensor (ir.PrecisionGraph._sizes) go stale with its shape or the dim sizes."""
+    from amp_compiler.ir import PrecisionGraph, Tensor
+
+    graph = PrecisionGraph()
+    t = graph.add_tensor(Tensor("x", "float32", ("batch", 4)))
+    graph.set_dim_sizes(2)
+    assert (graph.numel("x"), graph.nbytes("x"), graph.nbytes(t, "float16")) == (8, 32, 16)
+    assert graph.concrete_shape("x") == [2, 4]
+    graph.set_dim_sizes(8, {"batch": 3})
+    assert (graph.numel(t), graph.concrete_shape("x")) == (12, [3, 4])
+    t.shape = (5, 4)
+    assert (graph.numel(t), graph.nbytes(t), graph.concrete_shape("x")) == (20, 80, [5, 4])
+    graph.concrete_shape("x").append(7)  # callers get their own list
+    assert graph.concrete_shape("x") == [5, 4]
+    t.shape = None
+    assert (graph.numel(t), graph.concrete_shape("x")) == (8, None)

@@ -34,7 +34,8 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
         for t in op.get("outputs") or ():
             by_output[t] = fields
     inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
-    readers = _readers(model.graph, {c["output"] for c in inserted})
+    nodes = list(walk_nodes(model.graph))  # walked once: each walk reads every node's attributes
+    readers = _readers(nodes, {c["output"] for c in inserted})
     for cast in inserted:
         out = cast["output"]
         edge = f"{cast.get('tensor')} -> {', '.join(readers.get(out, [])) or 'graph output'}"
@@ -42,10 +43,12 @@ def annotate_model(model: ModelProto, report: Any) -> ModelProto:
                           "reason": str(cast.get("reason") or ""),
                           "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
     use_metadata = model.ir_version >= METADATA_IR_VERSION
-    for node in walk_nodes(model.graph):
-        fields = next((by_output[o] for o in node.output if o in by_output), None)
-        if fields is not None:
-            (_set_metadata if use_metadata else _set_doc)(node, fields)
+    annotate = _set_metadata if use_metadata else _set_doc
+    for node in nodes:
+        for o in node.output:
+            if o in by_output:
+                annotate(node, by_output[o])
+                break
     return model
 
 
@@ -109,11 +112,11 @@ def walk_nodes(graph: GraphProto) -> Iterator[NodeProto]:
                     yield from walk_nodes(g)
 
 
-def _readers(graph: GraphProto, tensors: set[str]) -> dict[str, list[str]]:
-    """The nodes reading each of ``tensors``."""
+def _readers(nodes: list[NodeProto], tensors: set[str]) -> dict[str, list[str]]:
+    """The nodes (of ``nodes``) reading each of ``tensors``."""
     out: dict[str, list[str]] = {}
     if tensors:
-        for node in walk_nodes(graph):
+        for node in nodes:
             for t in node.input:
                 if t in tensors:
                     out.setdefault(t, []).append(node.name or node.op_type)

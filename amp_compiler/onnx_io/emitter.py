@@ -54,7 +54,8 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
             if source_outputs != op.outputs:
                 del node.output[:]
                 node.output.extend(op.outputs)
-            _retarget_dtype_attrs(graph, node, op.outputs, [original.get(n) for n in source_outputs])
+            if op.outputs and op.outputs[0] and source_outputs:
+                _retarget_dtype_attrs(graph, node, op.outputs, [original.get(source_outputs[0])])
         scopes[op.scope].append(node)
     # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
     for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
@@ -77,7 +78,8 @@ def _depth(graph: PrecisionGraph, scope: str) -> int:
 
 def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str],
                           before: list[str | None]) -> None:
-    """Ops whose output dtype is an attribute: make the attribute match the new output dtype.
+    """Ops whose output dtype is an attribute: make the attribute match the new output dtype
+    (``before``: the first output's dtype in the source; only it is compared).
 
     An attribute left at its schema default is written out explicitly (ConstantOfShape's
     default ``value`` is an FP32 zero, RandomNormal's default ``dtype`` is FP32), and
@@ -90,10 +92,13 @@ def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[
         return
     row = DEFAULT_REGISTRY.lookup_onnx(node.domain, node.op_type)
     wanted = set(row.dtype_attrs) if row else set()
+    if not wanted and not node.attribute:
+        return  # no dtype attribute to retarget nor to add (most ops)
+    int_attrs = {"to", "dtype"} | wanted
     present = set()
     for i, a in enumerate(node.attribute):
         present.add(a.name)
-        if a.name in {"to", "dtype"} | wanted and a.type == a.INT:
+        if a.name in int_attrs and a.type == a.INT:
             a.i = dtype_to_onnx(t.dtype)
         elif a.name == "value" and a.type == a.TENSOR:
             converted = to_dtype(numpy_helper.to_array(a.t), t.dtype)

@@ -28,6 +28,7 @@ from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .tensors import iter_chunks
 from .schemas import port_groups
+from .inference import tensor_type
 from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
@@ -105,39 +106,41 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         if dtype is None and scope:
             dtype = _formal_input_dtype(graph, scope, k)
         _define(graph, Tensor(inp.name, dtype, shape, GRAPH_INPUT, scope=scope), source, scope)
-    for idx, node in enumerate(g.node):
-        name = node.name or f"{node.op_type}_{idx}"
+    ops, tensors = graph.ops, graph.tensors
+    for idx, node in enumerate(g.node):  # each proto field read once: upb builds a new object per read
+        op_type, node_name, node_domain = node.op_type, node.name, node.domain
+        inputs, outputs, attributes = list(node.input), list(node.output), list(node.attribute)
+        name = node_name or f"{op_type}_{idx}"
         if scope:
             name = f"{scope}/{name}"
-        while name in graph.ops:
+        while name in ops:
             name = f"{name}_{idx}"
-        for out in node.output:
+        for out in outputs:
             if out:
                 dtype, shape = types.get(out, (None, None))
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
                 _define(graph, Tensor(out, dtype, shape, ACTIVATION, scope=scope), source, scope)
-        if node.op_type in ("Constant", "ConstantOfShape") and node.domain in ("", "ai.onnx") \
-                and node.output and node.output[0]:
-            graph.tensors[node.output[0]].stats = _constant_stats(node)
-            graph.tensors[node.output[0]].origin = "constant"
-        for inp in node.input:
-            if inp and inp not in graph.tensors:
-                raise ConversionError(source, f"node {node.name or name} ({node.op_type})",
+        domain = "" if node_domain in ("", "ai.onnx") else node_domain
+        if op_type in ("Constant", "ConstantOfShape") and not domain and outputs and outputs[0]:
+            tensors[outputs[0]].stats = _constant_stats(node)
+            tensors[outputs[0]].origin = "constant"
+        for inp in inputs:
+            if inp and inp not in tensors:
+                raise ConversionError(source, f"node {node_name or name} ({op_type})",
                                       f"input {inp!r} is not produced by any node, graph input or initializer")
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        row = registry.lookup_onnx(domain, node.op_type)
-        op = Op(name, node.op_type, list(node.input), list(node.output), domain=domain, attrs=_attrs(node),
+        row = registry.lookup_onnx(domain, op_type)
+        op = Op(name, op_type, inputs, outputs, domain=domain, attrs=_attrs(attributes) if attributes else {},
                 scope=scope, canonical=row.canonical if row else None)
         opset = opsets.get(domain)
         if opset is not None and domain in ("",):
-            groups = port_groups(node.op_type, "", opset, len(node.input), len(node.output))
+            groups = port_groups(op_type, "", opset, len(inputs), len(outputs))
             op.port_groups = list(groups or ())
             if imp.strict:
                 _check_port_types(graph, op, node, source, idx)
         graph.add_op(op)
         imp.nodes[name] = node
-        for attr in node.attribute:
+        for attr in attributes:
             subgraphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
             for k, sub in enumerate(subgraphs):
                 sub_scope = f"{name}.{attr.name}" + (f"[{k}]" if len(subgraphs) > 1 else "")
@@ -156,6 +159,8 @@ def _check_port_types(graph: PrecisionGraph, op: Op, node: NodeProto, source: st
     some mismatches, in models with local functions for one; the casts the plan inserts would not
     make such a model valid)."""
     for group in op.port_groups:
+        if len(group.inputs) + len(group.outputs) < 2:
+            continue  # one port agrees with itself
         seen: list[tuple[str, str]] = []
         for names in ([op.inputs[i] for i in group.inputs if i < len(op.inputs)],
                       [op.outputs[o] for o in group.outputs if o < len(op.outputs)]):
@@ -196,9 +201,10 @@ def _define(graph: PrecisionGraph, tensor: Tensor, source: str, scope: str) -> N
     graph.tensors[tensor.name] = tensor
 
 
-def _attrs(node: NodeProto) -> dict[str, Any]:
+def _attrs(attributes) -> dict[str, Any]:
+    """The scalar and int-list attributes of a node (its ``AttributeProto``s)."""
     out: dict[str, Any] = {}
-    for a in node.attribute:
+    for a in attributes:
         if a.type == AttributeProto.INT:
             out[a.name] = a.i
         elif a.type == AttributeProto.FLOAT:
@@ -211,13 +217,8 @@ def _attrs(node: NodeProto) -> dict[str, Any]:
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> tuple[str | None, tuple | None]:
-    if not vi.type.HasField("tensor_type"):
-        return None, None
-    tt = vi.type.tensor_type
-    shape = None
-    if tt.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return onnx_to_dtype(tt.elem_type) if tt.elem_type else None, shape
+    code, shape = tensor_type(vi)
+    return onnx_to_dtype(code) if code else None, shape
 
 
 def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
@@ -233,29 +234,23 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
 def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
     """dtype and shape of every value the model declares; shape inference (``inferred``) fills the gaps."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
-
-    def walk(g: GraphProto) -> tuple[int, int]:
-        for vi in (*g.input, *g.output, *g.value_info):
-            dtype, shape = _value_type(vi)
-            if dtype is not None:
-                types[vi.name] = (dtype, shape)
-        outputs = known = 0
-        for node in g.node:
-            for out in node.output:
-                if out:
-                    outputs += 1
-                    known += out in types
-            for a in node.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
-                    o, k = walk(sub)
-                    outputs += o
-                    known += k
-        return outputs, known
-
-    walk(model.graph)
+    _declared_types(model.graph, types)
     for name, (code, shape) in inferred.items():
         types.setdefault(name, (onnx_to_dtype(code), shape))
     return types
+
+
+def _declared_types(g: GraphProto, types: dict) -> None:
+    """Add the typed values ``g`` and its subgraphs declare to ``types`` (a module-level function:
+    a recursive closure is a reference cycle that would keep ``types`` alive until a collection)."""
+    for vi in (*g.input, *g.output, *g.value_info):
+        dtype, shape = _value_type(vi)
+        if dtype is not None:
+            types[vi.name] = (dtype, shape)
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
+                _declared_types(sub, types)
 
 
 def _constant_stats(node: NodeProto) -> ValueStats | None:

@@ -13,7 +13,7 @@ import re
 from typing import Iterable
 
 import onnx
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto, TensorProto, ValueInfoProto
 
 from ..errors import ConversionError
 from .skeleton import skeleton_copy
@@ -107,12 +107,20 @@ def inferred_types(light: ModelProto) -> dict[str, tuple[int, tuple | None]]:
     types: dict[str, tuple[int, tuple | None]] = {}
     for g, _ in graphs(light.graph, ""):
         for vi in (*g.value_info, *g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-                tt = vi.type.tensor_type
-                shape = None
-                if tt.HasField("shape"):
-                    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                                  for d in tt.shape.dim)
-                types[vi.name] = (tt.elem_type, shape)
+            code, shape = tensor_type(vi)
+            if code:
+                types[vi.name] = (code, shape)
     return types
 
+
+def tensor_type(vi: ValueInfoProto) -> tuple[int, tuple | None]:
+    """(elem_type code, shape) of a tensor value's type (code 0: none given); (0, None) for another
+    kind of value. Each message is read once (upb builds a new object per read; graphs have one
+    value per node)."""
+    tp = vi.type
+    if not tp.HasField("tensor_type"):
+        return 0, None
+    tt = tp.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type, None
+    return tt.elem_type, tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
