@@ -1,0 +1,124 @@
+"""Write a decomposed RMSNorm in the form ONNX Runtime fuses into one kernel.
+
+ONNX Runtime's ``SimplifiedLayerNormFusion`` (onnxruntime/core/optimizer/layer_norm_fusion.cc)
+matches ``X -> Pow -> ReduceMean -> Add eps -> Sqrt -> Div(X, .) -> (Cast) -> Mul(scale)``, with
+Pow and Div reading the same value; on the CUDA EP it also absorbs a leading ``Cast`` read only
+by that Pow and Div, and the ``Cast`` before the scale Mul, into one
+``SimplifiedLayerNormalization`` (FP16 in and out, FP32 inside). The dynamo exporter writes
+``torch.rsqrt`` as ``Sqrt -> Reciprocal -> Mul(x, r)``, which it leaves as five kernels (plus
+the casts a mixed plan puts around an FP32 eps chain).
+
+For profiles that fuse it (``FUSING_RUNTIMES``) the emitter rewrites exactly that tail,
+``Sqrt -> Reciprocal -> Mul(x, r)`` behind ``Pow(x') -> ReduceMean -> Add``, where x and x' are
+one value (or one is the plan's inserted cast of the other), into ``Div(x', s)`` in the eps
+chain's dtype, followed by a ``Cast`` to the planned Mul's output dtype where that differs.
+``x * (1 / s)`` and ``x / s`` agree up to rounding, and the Div runs in the chain's (wider)
+dtype. See docs/architecture.md, "ONNX emitter".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import GraphProto, NodeProto, helper
+
+from ..ir import Op, PrecisionGraph
+from .dtypes import dtype_to_onnx
+
+#: runtime profiles (cost_model/runtime.py) whose runtime fuses the Div form into one kernel
+FUSING_RUNTIMES = frozenset({"ort-cuda"})
+
+__all__ = ["FUSING_RUNTIMES", "DivForm", "div_forms", "div_nodes", "drop_value_info"]
+
+
+@dataclass(frozen=True)
+class DivForm:
+    """One rewrite: ``Div(x, sqrt)`` writes ``out`` (via a Cast to ``cast_to`` when set);
+    ``drop`` are the planned ops it replaces (the Reciprocal, the Mul, an inserted cast of r)."""
+
+    x: str
+    sqrt: str
+    out: str
+    cast_to: str | None
+    mul: str
+    drop: frozenset[str]
+
+
+def div_forms(graph: PrecisionGraph, runtime: str) -> dict[str, DivForm]:
+    """The rewrites for ``graph`` as planned, keyed by the Mul each one replaces."""
+    if runtime not in FUSING_RUNTIMES:
+        return {}
+    out = {}
+    for op in graph.ops.values():
+        if op.op_type == "Reciprocal" and not op.inserted:
+            form = _match(graph, op)
+            if form is not None:
+                out[form.mul] = form
+    return out
+
+
+def _match(graph: PrecisionGraph, recip: Op) -> DivForm | None:
+    tensors = graph.tensors
+    sqrt = _producer(graph, recip.inputs[0], "Sqrt")
+    if sqrt is None or _readers(graph, sqrt.outputs[0]) != [recip]:
+        return None
+    add = _producer(graph, sqrt.inputs[0], "Add")
+    mean = next((m for m in (_producer(graph, n, "ReduceMean") for n in add.inputs) if m), None) if add else None
+    power = _producer(graph, mean.inputs[0], "Pow") if mean else None
+    if power is None:
+        return None
+    drop = {recip.name}
+    readers = _readers(graph, recip.outputs[0])
+    if len(readers) == 1 and readers[0].inserted and readers[0].op_type == "Cast":  # the plan's cast of r
+        drop.add(readers[0].name)
+        readers = _readers(graph, readers[0].outputs[0])
+    if len(readers) != 1 or readers[0].op_type != "Mul" or readers[0].inserted:
+        return None
+    mul = readers[0]
+    others = [n for n in mul.inputs if n not in (recip.outputs[0], *(graph.ops[d].outputs[0] for d in drop))]
+    x = power.inputs[0]
+    if len(others) != 1 or _source(graph, others[0]) != _source(graph, x):
+        return None
+    if tensors[x].dtype != tensors[sqrt.outputs[0]].dtype or tensors[recip.outputs[0]].is_graph_output:
+        return None
+    side = graph.tensors[others[0]].producer  # the plan's cast of x for the Mul alone goes too
+    if side and graph.ops[side].inserted and _readers(graph, others[0]) == [mul]:
+        drop.add(side)
+    y = mul.outputs[0]
+    cast_to = tensors[y].dtype if tensors[y].dtype != tensors[x].dtype else None
+    return DivForm(x, sqrt.outputs[0], y, cast_to, mul.name, frozenset(drop | {mul.name}))
+
+
+def div_nodes(graph: PrecisionGraph, form: DivForm) -> list[NodeProto]:
+    """The nodes that replace ``form.drop``: the Div, and the Cast to the Mul's dtype if any."""
+    if form.cast_to is None:
+        return [helper.make_node("Div", [form.x, form.sqrt], [form.out], name=graph.fresh_name(f"{form.mul}_div"))]
+    n = graph.fresh_name(f"{form.out}_div")
+    return [helper.make_node("Div", [form.x, form.sqrt], [n], name=graph.fresh_name(f"{form.mul}_div")),
+            helper.make_node("Cast", [n], [form.out], name=graph.fresh_name(f"{form.mul}_cast"),
+                             to=dtype_to_onnx(form.cast_to))]
+
+
+def drop_value_info(graph: PrecisionGraph, g: GraphProto, forms: dict[str, DivForm]) -> None:
+    """Forget the types of the values the rewrites no longer produce (r and its casts)."""
+    gone = {o for f in forms.values() for d in f.drop for o in graph.ops[d].outputs} - {f.out for f in forms.values()}
+    for vi in [vi for vi in g.value_info if vi.name in gone]:
+        g.value_info.remove(vi)
+
+
+def _producer(graph: PrecisionGraph, name: str, op_type: str) -> Op | None:
+    t = graph.tensors.get(name) if name else None
+    op = graph.ops[t.producer] if t is not None and t.producer else None
+    return op if op is not None and op.op_type == op_type and not op.inserted else None
+
+
+def _readers(graph: PrecisionGraph, name: str) -> list[Op]:
+    return [graph.ops[c] for c, _ in graph.tensors[name].consumers]
+
+
+def _source(graph: PrecisionGraph, name: str) -> str:
+    """The value behind the plan's inserted casts."""
+    t = graph.tensors[name]
+    while t.producer and graph.ops[t.producer].inserted and graph.ops[t.producer].op_type == "Cast":
+        t = graph.tensors[graph.ops[t.producer].inputs[0]]
+    return t.name

@@ -1,0 +1,115 @@
+"""RMSNorms written in the form ONNX Runtime fuses (docs/architecture.md, "ONNX emitter")."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.builders import fin, model, weight
+from amp_compiler.onnx_api import convert_onnx  # noqa: E402  isort: skip
+from benchmarks import torture  # noqa: E402  isort: skip
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _rms_stack(blocks=3, d=64, tokens=16, seed=0):
+    """MatMul -> T5/Llama RMSNorm as the dynamo exporter writes torch.rsqrt (Sqrt -> Reciprocal ->
+    Mul(h, r)) -> Mul(gamma), ``blocks`` times."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        n = f"b{i}_"
+        nodes += [helper.make_node("MatMul", [x, f"{n}W"], [f"{n}h"], name=f"{n}mm"),
+                  helper.make_node("Pow", [f"{n}h", "two"], [f"{n}p"], name=f"{n}pow"),
+                  helper.make_node("ReduceMean", [f"{n}p", "axes"], [f"{n}m"], name=f"{n}mean", keepdims=1),
+                  helper.make_node("Add", [f"{n}m", "eps"], [f"{n}a"], name=f"{n}add"),
+                  helper.make_node("Sqrt", [f"{n}a"], [f"{n}s"], name=f"{n}sqrt"),
+                  helper.make_node("Reciprocal", [f"{n}s"], [f"{n}r"], name=f"{n}rsqrt"),
+                  helper.make_node("Mul", [f"{n}h", f"{n}r"], [f"{n}n"], name=f"{n}norm"),
+                  helper.make_node("Mul", [f"{n}g", f"{n}n"], [f"{n}y"], name=f"{n}scale")]
+        inits += [weight(f"{n}W", d, d), numpy_helper.from_array(rng.uniform(0.5, 1.5, d).astype(np.float32), f"{n}g")]
+        x = f"{n}y"
+    inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+              numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+              numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
+    return model(nodes, [fin("x", tokens, d)], [fin("y", tokens, d)], inits)
+
+
+def _ort(m: onnx.ModelProto, feeds: dict, optimized: str) -> tuple[np.ndarray, list[str]]:
+    """Outputs on the CPU EP at the default optimisation level, and the op types ORT ran."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.optimized_model_filepath = optimized
+    y = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return y, [n.op_type for n in onnx.load(optimized).graph.node]
+
+
+def _copy(m: onnx.ModelProto) -> onnx.ModelProto:
+    c = onnx.ModelProto()
+    c.CopyFrom(m)
+    return c
+
+
+@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_ort_fuses_each_emitted_rms_norm_into_one_kernel(objective, tmp_path):
+    """On ort-cuda the rsqrt tail is written as Div: ONNX Runtime loads the output and fuses
+    every norm into one SimplifiedLayerNormalization, FP32 chain or FP32 chain behind FP16
+    GEMMs (``memory`` converts them), within 1e-2 of FP32."""
+    src = _rms_stack()
+    feeds = {"x": np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)}
+    ref, unfused = _ort(src, feeds, str(tmp_path / "src.onnx"))
+    assert "SimplifiedLayerNormalization" not in unfused
+    out, report = convert_onnx(_copy(src), objective=objective)
+    assert report.summary["fp16_gemm_flop_fraction"] == (1.0 if objective == "memory" else 0.0)
+    assert not [n for n in out.graph.node if n.op_type == "Reciprocal"]
+    y, ran = _ort(out, feeds, str(tmp_path / "out.onnx"))
+    assert ran.count("SimplifiedLayerNormalization") == 3
+    assert not {"Pow", "ReduceMean", "Sqrt", "Div"} & set(ran)
+    assert np.abs(y - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_fp16_producers_get_the_cast_shape_the_cuda_fusion_absorbs():
+    """ORT's CUDA EP (not testable here) folds Cast(->FP32) read by exactly Pow and Div, and the
+    Cast(->FP16) between Div and the scale Mul, into the fused kernel (layer_norm_fusion.cc,
+    SimplifiedLayerNormFusion, ``is_gpu_ep``): the emitted nodes must have that shape."""
+    out, _ = convert_onnx(_rms_stack(), objective="memory")
+    nodes = list(out.graph.node)
+    by_output = {o: n for n in nodes for o in n.output}
+    readers = lambda t: [n for n in nodes if t in n.input]  # noqa: E731
+    divs = [n for n in nodes if n.op_type == "Div"]
+    assert len(divs) == 3
+    for div in divs:
+        lead = by_output[div.input[0]]
+        assert lead.op_type == "Cast" and helper.get_attribute_value(lead.attribute[0]) == onnx.TensorProto.FLOAT
+        assert sorted(n.op_type for n in readers(lead.output[0])) == ["Div", "Pow"]
+        (tail,) = readers(div.output[0])
+        assert tail.op_type == "Cast" and helper.get_attribute_value(tail.attribute[0]) == onnx.TensorProto.FLOAT16
+        assert [n.op_type for n in readers(tail.output[0])] == ["Mul"]
+
+
+def test_only_profiles_that_fuse_it_and_only_the_rms_norm_tail_are_rewritten():
+    out, _ = convert_onnx(_rms_stack(), deploy="inductor")
+    assert len([n for n in out.graph.node if n.op_type == "Reciprocal"]) == 3
+    nodes = [helper.make_node("Sqrt", ["x"], ["s"], name="sqrt"), helper.make_node("Reciprocal", ["s"], ["r"], name="rec"),
+             helper.make_node("Mul", ["x", "r"], ["y"], name="mul")]  # no Pow/ReduceMean: not an RMSNorm
+    out, _ = convert_onnx(model(nodes, [fin("x", 4, 8)], [fin("y", 4, 8)], []))
+    assert [n.op_type for n in out.graph.node if n.op_type in ("Reciprocal", "Div")] == ["Reciprocal"]
+
+
+def test_rewritten_rms_norm_holds_in_gpu_like_emulation(tmp_path):
+    """The torture set's rms_norm case (activations ~1000) in the exporter's Reciprocal form,
+    converted to FP16 GEMMs: each op on its declared dtypes stays within the torture tolerance."""
+    src = _rms_stack(blocks=2, d=128, tokens=32)
+    x = (np.random.default_rng(2).standard_normal((32, 128)) * 1000.0).astype(np.float32)
+    onnx.save_model(src, tmp_path / "src.onnx")
+    ref, _ = torture.fp16_storage_outputs(tmp_path / "src.onnx", {"x": x})
+    out, report = convert_onnx(_copy(src), objective="memory")
+    assert report.summary["fp16_gemm_flop_fraction"] == 1.0
+    onnx.save_model(out, tmp_path / "out.onnx")
+    y, why = torture.fp16_storage_outputs(tmp_path / "out.onnx", {"x": x})
+    assert y is not None, why
+    err = np.abs(y[0].astype(np.float32) - ref[0]).max() / np.abs(ref[0]).max()
+    assert np.isfinite(y[0]).all() and err <= torture.TOLERANCE
