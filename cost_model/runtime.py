@@ -77,6 +77,8 @@ class RuntimeProfile:
     #: if set, the only pointwise ops a GEMM/conv epilogue takes (ORT: bias, then an activation)
     epilogue_ops: frozenset[str] = frozenset()
     max_epilogue: int = 1 << 30  # pointwise ops a group holding a GEMM/conv may take
+    #: decomposed RMSNorms (with their boundary casts) run as one kernel: cost_model/norm_pattern.py
+    fuses_rms_norm: bool = False
 
     def fuses(self, producer_kind: str, consumer_kind: str) -> bool:
         return (producer_kind, consumer_kind) in self.fused_edges
@@ -101,7 +103,7 @@ RUNTIMES: dict[str, RuntimeProfile] = {
         fuse_casts=False, max_pointwise=8, max_gemms=2,
         pointwise_anchors=frozenset({"erf", "tanh", "sigmoid", "gelu", "swish", "softplus"}),
         epilogue_ops=frozenset({"add", "relu", "leaky_relu", "gelu", "sigmoid", "tanh", "swish", "clip"}),
-        max_epilogue=2),
+        max_epilogue=2, fuses_rms_norm=True),
     "tensorrt": RuntimeProfile(
         "tensorrt", "TensorRT: PointWise fusion, GEMM/conv + bias + activation + residual, norm and MHA "
                     "fusion, precision reformats fused into neighbours",

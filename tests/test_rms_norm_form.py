@@ -56,14 +56,14 @@ def _copy(m: onnx.ModelProto) -> onnx.ModelProto:
 @pytest.mark.parametrize("objective", ["time", "memory"])
 def test_ort_fuses_each_emitted_rms_norm_into_one_kernel(objective, tmp_path):
     """On ort-cuda the rsqrt tail is written as Div: ONNX Runtime loads the output and fuses
-    every norm into one SimplifiedLayerNormalization, FP32 chain or FP32 chain behind FP16
-    GEMMs (``memory`` converts them), within 1e-2 of FP32."""
+    every norm into one SimplifiedLayerNormalization, its FP32 chain behind FP16 GEMMs (the
+    casts around it priced as absorbed, the GEMMs convert by default), within 1e-2 of FP32."""
     src = _rms_stack()
     feeds = {"x": np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)}
     ref, unfused = _ort(src, feeds, str(tmp_path / "src.onnx"))
     assert "SimplifiedLayerNormalization" not in unfused
     out, report = convert_onnx(_copy(src), objective=objective)
-    assert report.summary["fp16_gemm_flop_fraction"] == (1.0 if objective == "memory" else 0.0)
+    assert report.summary["fp16_gemm_flop_fraction"] >= (1.0 if objective == "memory" else 0.6)
     assert not [n for n in out.graph.node if n.op_type == "Reciprocal"]
     y, ran = _ort(out, feeds, str(tmp_path / "out.onnx"))
     assert ran.count("SimplifiedLayerNormalization") == 3

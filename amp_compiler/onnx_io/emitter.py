@@ -40,7 +40,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
     scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
     castlike = castlike_casts(graph)
     likes: dict[tuple[str, str], str] = {}  # (scope, dtype) -> scalar initializer CastLike reads
-    forms = div_forms(graph, result.ctx.runtime)  # RMSNorms in the form ONNX Runtime fuses
+    forms = div_forms(graph, result.timer)  # RMSNorms in the form ONNX Runtime fuses
     dropped = {d for form in forms.values() for d in form.drop}
     for name, op in graph.ops.items():
         node = imp.nodes.get(name)

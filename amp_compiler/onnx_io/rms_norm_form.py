@@ -8,10 +8,11 @@ by that Pow and Div, and the ``Cast`` before the scale Mul, into one
 ``torch.rsqrt`` as ``Sqrt -> Reciprocal -> Mul(x, r)``, which it leaves as five kernels (plus
 the casts a mixed plan puts around an FP32 eps chain).
 
-For profiles that fuse it (``FUSING_RUNTIMES``) the emitter rewrites exactly that tail,
-``Sqrt -> Reciprocal -> Mul(x, r)`` behind ``Pow(x') -> ReduceMean -> Add``, where x and x' are
-one value (or one is the plan's inserted cast of the other), into ``Div(x', s)`` in the eps
-chain's dtype, followed by a ``Cast`` to the planned Mul's output dtype where that differs.
+Where the plan was priced on a profile that fuses it (``fuses_rms_norm``), the emitter rewrites
+exactly the RMSNorms the cost model priced as one kernel (``cost_model/norm_pattern.py``):
+``Sqrt -> Reciprocal -> Mul(x, r)`` into ``Div(x', s)``, x' being what the Pow reads (x or the
+plan's cast of it), in the eps chain's dtype; then one ``Cast`` to the dtype the scale Mul reads
+where that differs (the plan's casts of r, of x for the Mul alone, and of the norm go).
 ``x * (1 / s)`` and ``x / s`` agree up to rounding, and the Div runs in the chain's (wider)
 dtype. See docs/architecture.md, "ONNX emitter".
 """
@@ -25,10 +26,7 @@ from onnx import GraphProto, NodeProto, helper
 from ..ir import Op, PrecisionGraph
 from .dtypes import dtype_to_onnx
 
-#: runtime profiles (cost_model/runtime.py) whose runtime fuses the Div form into one kernel
-FUSING_RUNTIMES = frozenset({"ort-cuda"})
-
-__all__ = ["FUSING_RUNTIMES", "DivForm", "div_forms", "div_nodes", "drop_value_info"]
+__all__ = ["DivForm", "div_forms", "div_nodes", "drop_value_info"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +42,14 @@ class DivForm:
     drop: frozenset[str]
 
 
-def div_forms(graph: PrecisionGraph, runtime: str) -> dict[str, DivForm]:
-    """The rewrites for ``graph`` as planned, keyed by the Mul each one replaces."""
-    if runtime not in FUSING_RUNTIMES:
-        return {}
+def div_forms(graph: PrecisionGraph, timer) -> dict[str, DivForm]:
+    """The rewrites for ``graph`` as planned (after the casts pass), keyed by the Mul each one
+    replaces: the Reciprocal-form RMSNorms ``timer`` (an ``OpTimer``, or None) priced as fused."""
     out = {}
-    for op in graph.ops.values():
-        if op.op_type == "Reciprocal" and not op.inserted:
-            form = _match(graph, op)
-            if form is not None:
-                out[form.mul] = form
+    for norm in timer.groups.norms.values() if timer is not None else ():
+        form = _match(graph, graph.ops[norm.reciprocal]) if norm.reciprocal else None
+        if form is not None:
+            out[form.mul] = form
     return out
 
 
@@ -84,9 +80,14 @@ def _match(graph: PrecisionGraph, recip: Op) -> DivForm | None:
     side = graph.tensors[others[0]].producer  # the plan's cast of x for the Mul alone goes too
     if side and graph.ops[side].inserted and _readers(graph, others[0]) == [mul]:
         drop.add(side)
+    drop.add(mul.name)
     y = mul.outputs[0]
+    after = _readers(graph, y)
+    if len(after) == 1 and after[0].inserted and after[0].op_type == "Cast":  # the plan's cast of the norm
+        drop.add(after[0].name)
+        y = after[0].outputs[0]
     cast_to = tensors[y].dtype if tensors[y].dtype != tensors[x].dtype else None
-    return DivForm(x, sqrt.outputs[0], y, cast_to, mul.name, frozenset(drop | {mul.name}))
+    return DivForm(x, sqrt.outputs[0], y, cast_to, mul.name, frozenset(drop))
 
 
 def div_nodes(graph: PrecisionGraph, form: DivForm) -> list[NodeProto]:
