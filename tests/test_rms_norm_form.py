@@ -113,3 +113,24 @@ def test_rewritten_rms_norm_holds_in_gpu_like_emulation(tmp_path):
     assert y is not None, why
     err = np.abs(y[0].astype(np.float32) - ref[0]).max() / np.abs(ref[0]).max()
     assert np.isfinite(y[0]).all() and err <= torture.TOLERANCE
+
+
+@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_the_ruler_prices_the_emitted_div_form_as_the_plan_priced_the_rsqrt_form(objective):
+    """The planner prices each Reciprocal-form norm as the fused kernel it will be once written;
+    the independent ruler, reading the emitted Div form (casts included), agrees exactly, while
+    it prices the exporter's own Reciprocal form unfused (ONNX Runtime does not fuse it)."""
+    from amp_compiler.analysis import analyze_model
+    from amp_compiler.onnx_io.importer import import_model
+    from amp_compiler.plan import make_context
+    from cost_model.timer import OpTimer
+
+    out, report = convert_onnx(_rms_stack(), objective=objective)
+    assert analyze_model(out).predicted_time_s == pytest.approx(report.summary["predicted_time_mixed_s"], rel=1e-9)
+    graph = import_model(_rms_stack()).graph
+    planned = OpTimer(graph, make_context(runtime="ort-cuda"))
+    assert [len(n.members) for n in planned.groups.norms.values()] == [7, 7, 7]  # Pow .. Reciprocal, Mul, scale Mul
+    assert not OpTimer(graph, make_context(runtime="ort-cuda"), as_written=True).groups.norms
+    assert not OpTimer(graph, make_context(runtime="eager")).groups.norms
+    fp32 = analyze_model(_rms_stack()).predicted_time_s
+    assert fp32 > report.summary["predicted_time_fp32_s"]  # 7 kernels a norm as written, 1 once rewritten

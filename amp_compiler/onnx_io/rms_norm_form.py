@@ -10,9 +10,10 @@ the casts a mixed plan puts around an FP32 eps chain).
 
 Where the plan was priced on a profile that fuses it (``fuses_rms_norm``), the emitter rewrites
 exactly the RMSNorms the cost model priced as one kernel (``cost_model/norm_pattern.py``):
-``Sqrt -> Reciprocal -> Mul(x, r)`` into ``Div(x', s)``, x' being what the Pow reads (x or the
-plan's cast of it), in the eps chain's dtype; then one ``Cast`` to the dtype the scale Mul reads
-where that differs (the plan's casts of r, of x for the Mul alone, and of the norm go).
+their ``Sqrt -> Reciprocal -> Mul(x, r)`` or ``Sqrt -> Div(x, s)`` into ``Div(x', s)``, x' being
+what the Pow reads (x or the plan's cast of it), in the eps chain's dtype; then one ``Cast`` to
+the dtype the scale Mul reads where that differs. The plan's casts of r or s, of x for the
+normalising op alone, and of its output go (a Div form the plan left as ORT fuses it stays).
 ``x * (1 / s)`` and ``x / s`` agree up to rounding, and the Div runs in the chain's (wider)
 dtype. See docs/architecture.md, "ONNX emitter".
 """
@@ -32,7 +33,7 @@ __all__ = ["DivForm", "div_forms", "div_nodes", "drop_value_info"]
 @dataclass(frozen=True)
 class DivForm:
     """One rewrite: ``Div(x, sqrt)`` writes ``out`` (via a Cast to ``cast_to`` when set);
-    ``drop`` are the planned ops it replaces (the Reciprocal, the Mul, an inserted cast of r)."""
+    ``drop`` are the planned ops it replaces (the normalising Mul or Div, a Reciprocal, casts)."""
 
     x: str
     sqrt: str
@@ -43,51 +44,48 @@ class DivForm:
 
 
 def div_forms(graph: PrecisionGraph, timer) -> dict[str, DivForm]:
-    """The rewrites for ``graph`` as planned (after the casts pass), keyed by the Mul each one
-    replaces: the Reciprocal-form RMSNorms ``timer`` (an ``OpTimer``, or None) priced as fused."""
+    """The rewrites for ``graph`` as planned (after the casts pass), keyed by the op each one
+    replaces: the RMSNorms ``timer`` (an ``OpTimer``, or None) priced as fused kernels, where
+    the plan's casts or the Reciprocal form would keep ONNX Runtime from fusing them."""
     out = {}
     for norm in timer.groups.norms.values() if timer is not None else ():
-        form = _match(graph, graph.ops[norm.reciprocal]) if norm.reciprocal else None
+        form = _match(graph, norm)
         if form is not None:
             out[form.mul] = form
     return out
 
 
-def _match(graph: PrecisionGraph, recip: Op) -> DivForm | None:
+def _match(graph: PrecisionGraph, norm) -> DivForm | None:
     tensors = graph.tensors
-    sqrt = _producer(graph, recip.inputs[0], "Sqrt")
-    if sqrt is None or _readers(graph, sqrt.outputs[0]) != [recip]:
-        return None
-    add = _producer(graph, sqrt.inputs[0], "Add")
-    mean = next((m for m in (_producer(graph, n, "ReduceMean") for n in add.inputs) if m), None) if add else None
-    power = _producer(graph, mean.inputs[0], "Pow") if mean else None
-    if power is None:
-        return None
-    drop = {recip.name}
-    readers = _readers(graph, recip.outputs[0])
-    if len(readers) == 1 and readers[0].inserted and readers[0].op_type == "Cast":  # the plan's cast of r
+    ops = [graph.ops[n] for n in norm.members]
+    power = next(op for op in ops if op.op_type == "Pow")
+    sqrt = next(op for op in ops if op.op_type == "Sqrt")
+    x, s = power.inputs[0], sqrt.outputs[0]
+    drop = set()
+    root = norm.reciprocal or sqrt.name  # what the normalising op divides or multiplies by
+    readers = _readers(graph, graph.ops[root].outputs[0])
+    if len(readers) == 1 and readers[0].inserted and readers[0].op_type == "Cast":  # the plan's cast of it
         drop.add(readers[0].name)
         readers = _readers(graph, readers[0].outputs[0])
-    if len(readers) != 1 or readers[0].op_type != "Mul" or readers[0].inserted:
+    if len(readers) != 1 or readers[0].inserted or readers[0].op_type not in ("Mul", "Div"):
         return None
-    mul = readers[0]
-    others = [n for n in mul.inputs if n not in (recip.outputs[0], *(graph.ops[d].outputs[0] for d in drop))]
-    x = power.inputs[0]
-    if len(others) != 1 or _source(graph, others[0]) != _source(graph, x):
+    op = readers[0]
+    others = [n for n in op.inputs if _source(graph, n) != graph.ops[root].outputs[0]]
+    if len(others) != 1 or _source(graph, others[0]) != _source(graph, x) or tensors[x].dtype != tensors[s].dtype:
         return None
-    if tensors[x].dtype != tensors[sqrt.outputs[0]].dtype or tensors[recip.outputs[0]].is_graph_output:
-        return None
-    side = graph.tensors[others[0]].producer  # the plan's cast of x for the Mul alone goes too
-    if side and graph.ops[side].inserted and _readers(graph, others[0]) == [mul]:
+    side = tensors[others[0]].producer  # the plan's cast of x for this op alone goes too
+    if side and graph.ops[side].inserted and [r.name for r in _readers(graph, others[0])] == [op.name]:
         drop.add(side)
-    drop.add(mul.name)
-    y = mul.outputs[0]
+    y = op.outputs[0]
     after = _readers(graph, y)
     if len(after) == 1 and after[0].inserted and after[0].op_type == "Cast":  # the plan's cast of the norm
         drop.add(after[0].name)
         y = after[0].outputs[0]
     cast_to = tensors[y].dtype if tensors[y].dtype != tensors[x].dtype else None
-    return DivForm(x, sqrt.outputs[0], y, cast_to, mul.name, frozenset(drop))
+    if op.op_type == "Div" and not drop and cast_to is None and op.inputs[:2] == [x, s]:
+        return None  # already the form ONNX Runtime fuses
+    drop |= {op.name} | ({norm.reciprocal} if norm.reciprocal else set())
+    return DivForm(x, s, y, cast_to, op.name, frozenset(drop))
 
 
 def div_nodes(graph: PrecisionGraph, form: DivForm) -> list[NodeProto]:
@@ -105,12 +103,6 @@ def drop_value_info(graph: PrecisionGraph, g: GraphProto, forms: dict[str, DivFo
     gone = {o for f in forms.values() for d in f.drop for o in graph.ops[d].outputs} - {f.out for f in forms.values()}
     for vi in [vi for vi in g.value_info if vi.name in gone]:
         g.value_info.remove(vi)
-
-
-def _producer(graph: PrecisionGraph, name: str, op_type: str) -> Op | None:
-    t = graph.tensors.get(name) if name else None
-    op = graph.ops[t.producer] if t is not None and t.producer else None
-    return op if op is not None and op.op_type == op_type and not op.inserted else None
 
 
 def _readers(graph: PrecisionGraph, name: str) -> list[Op]:
