@@ -26,10 +26,12 @@ Sources, per profile (behaviour as documented by each project):
   GELU, FastGelu, Swish), so a pointwise chain without one stays unfused; GEMM epilogues are
   bias then an activation (Gemm, FusedGemm, BiasGelu). CUDA graphs are opt-in
   (``enable_cuda_graph``), so launches are not amortised.
-  *Decomposed* LayerNorm/RMSNorm chains (ReduceMean ... Div, Mul) are left unfused here, on
-  purpose: ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then
-  builds an ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that
-  fusion (FP32 norm behind a widening cast) failed to load; unfused pricing is conservative.
+  *Decomposed* LayerNorm chains (ReduceMean ... Div, Mul) are left unfused here, on purpose:
+  ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then builds an
+  ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that fusion (FP32
+  norm behind a widening cast) failed to load; unfused pricing is conservative. Decomposed
+  RMSNorms fuse, with the casts around them (``fuses_rms_norm``, ``cost_model/norm_pattern.py``):
+  SimplifiedLayerNormFusion builds a kernel typed for mixed input and output.
 * ``tensorrt`` -- TensorRT's layer fusion catalog (docs.nvidia.com/deeplearning/tensorrt,
   "Layer Fusion Catalog"): convolution/FullyConnected + bias + activation + element-wise
   sum, PointWise fusion of elementwise chains, normalisation and MHA fusion, and reformat
