@@ -19,6 +19,9 @@ not depend on the order a file lists its nodes in); an op joins one producer's g
 4. the group stays convex: every other input of the op comes from the group or from an
    op earlier than every member of the group, so no path leaves the group and re-enters
    it (a fused kernel cannot wait for a kernel that waits for it).
+
+Where the profile fuses RMSNorms (``fuses_rms_norm``: ONNX Runtime's SimplifiedLayerNormFusion),
+each RMSNorm ``cost_model/norm_pattern.py`` finds is one group of its own, of kind ``norm``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .norm_pattern import RmsNorm, rms_norms
 from .runtime import RuntimeProfile
 
 if TYPE_CHECKING:  # the cost model does not import the IR at run time (docs/architecture.md, "Cost model")
@@ -63,6 +67,7 @@ class FusionGroups:
 
     group_of: dict[str, int] = field(default_factory=dict)
     members: dict[int, list[str]] = field(default_factory=dict)
+    norms: dict[int, RmsNorm] = field(default_factory=dict)  # group -> the fused RMSNorm it runs
 
     def same_group(self, a: str | None, b: str | None) -> bool:
         return a is not None and b is not None and self.group_of.get(a, -1) == self.group_of.get(b, -2)
@@ -71,9 +76,12 @@ class FusionGroups:
         return len(self.members)
 
 
-def form_groups(graph: PrecisionGraph, runtime: RuntimeProfile, registry) -> FusionGroups:
-    """Group the graph's ops into the kernels ``runtime`` would run (see module docstring)."""
+def form_groups(graph: PrecisionGraph, runtime: RuntimeProfile, registry, rsqrt_form: bool = True) -> FusionGroups:
+    """Group the graph's ops into the kernels ``runtime`` would run (see module docstring);
+    ``rsqrt_form``: RMSNorms in the Reciprocal form fuse too (the ONNX emitter rewrites them)."""
     groups = FusionGroups()
+    norm_of = {name: norm for norm in (rms_norms(graph, rsqrt_form) if runtime.fuses_rms_norm else ())
+               for name in norm.members}
     index: dict[str, int] = {}
     kind: dict[str, str] = {}
     first: dict[int, int] = {}  # group -> topological index of its first member
@@ -83,13 +91,20 @@ def form_groups(graph: PrecisionGraph, runtime: RuntimeProfile, registry) -> Fus
     for i, op in enumerate(_canonical_order(graph)):
         index[op.name] = i
         k = kind[op.name] = op_kind(op, registry)
-        target = _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtime) \
-            if fuses_anything and not op.inserted else None
+        norm = norm_of.get(op.name)
+        if norm is not None:  # one fused RMSNorm kernel, whatever its ops' kinds
+            k = kind[op.name] = "norm"
+            target = groups.group_of.get(norm.members[0])
+        else:
+            target = _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtime) \
+                if fuses_anything and not op.inserted else None
         if target is None:
             target = len(groups.members)
             groups.members[target] = []
             first[target], pointwise[target], gemms[target] = i, 0, 0
-        else:
+            if norm is not None:
+                groups.norms[target] = norm
+        elif norm is None:
             kind[op.name] = k if k not in ("alias", "cast") else _view_kind(graph, op, kind)
         groups.group_of[op.name] = target
         groups.members[target].append(op.name)
@@ -139,6 +154,8 @@ def _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtim
         if prod is None or t.is_graph_output or graph.ops[prod].scope != op.scope or prod not in groups.group_of:
             continue
         g = groups.group_of[prod]
+        if g in groups.norms:
+            continue  # a fused RMSNorm takes nothing else
         pk = kind[prod]
         if k == "cast" and not runtime.fuse_casts:
             continue  # a cast kernel of its own (ONNX Runtime, eager)

@@ -26,10 +26,12 @@ Sources, per profile (behaviour as documented by each project):
   GELU, FastGelu, Swish), so a pointwise chain without one stays unfused; GEMM epilogues are
   bias then an activation (Gemm, FusedGemm, BiasGelu). CUDA graphs are opt-in
   (``enable_cuda_graph``), so launches are not amortised.
-  *Decomposed* LayerNorm/RMSNorm chains (ReduceMean ... Div, Mul) are left unfused here, on
-  purpose: ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then
-  builds an ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that
-  fusion (FP32 norm behind a widening cast) failed to load; unfused pricing is conservative.
+  *Decomposed* LayerNorm chains (ReduceMean ... Div, Mul) are left unfused here, on purpose:
+  ORT's LayerNormFusion absorbs a leading FP16->FP32 Cast into the pattern and then builds an
+  ill-typed LayerNormalization (FP16 input, FP32 scale), so a plan priced on that fusion (FP32
+  norm behind a widening cast) failed to load; unfused pricing is conservative. Decomposed
+  RMSNorms fuse, with the casts around them (``fuses_rms_norm``, ``cost_model/norm_pattern.py``):
+  SimplifiedLayerNormFusion builds a kernel typed for mixed input and output.
 * ``tensorrt`` -- TensorRT's layer fusion catalog (docs.nvidia.com/deeplearning/tensorrt,
   "Layer Fusion Catalog"): convolution/FullyConnected + bias + activation + element-wise
   sum, PointWise fusion of elementwise chains, normalisation and MHA fusion, and reformat
@@ -77,6 +79,8 @@ class RuntimeProfile:
     #: if set, the only pointwise ops a GEMM/conv epilogue takes (ORT: bias, then an activation)
     epilogue_ops: frozenset[str] = frozenset()
     max_epilogue: int = 1 << 30  # pointwise ops a group holding a GEMM/conv may take
+    #: decomposed RMSNorms (with their boundary casts) run as one kernel: cost_model/norm_pattern.py
+    fuses_rms_norm: bool = False
 
     def fuses(self, producer_kind: str, consumer_kind: str) -> bool:
         return (producer_kind, consumer_kind) in self.fused_edges
@@ -101,7 +105,7 @@ RUNTIMES: dict[str, RuntimeProfile] = {
         fuse_casts=False, max_pointwise=8, max_gemms=2,
         pointwise_anchors=frozenset({"erf", "tanh", "sigmoid", "gelu", "swish", "softplus"}),
         epilogue_ops=frozenset({"add", "relu", "leaky_relu", "gelu", "sigmoid", "tanh", "swish", "clip"}),
-        max_epilogue=2),
+        max_epilogue=2, fuses_rms_norm=True),
     "tensorrt": RuntimeProfile(
         "tensorrt", "TensorRT: PointWise fusion, GEMM/conv + bias + activation + residual, norm and MHA "
                     "fusion, precision reformats fused into neighbours",

@@ -4,7 +4,9 @@
 the plan result's per-op costs in the report and the ``analysis`` ruler all read it. Each
 op is priced as part of the fusion group the runtime profile runs it in
 (``cost_model/fusion.py``, ``cost_model/runtime.py``): only bytes crossing the group's
-boundary count, and the group's first priced op pays its launch. A measured profile
+boundary count, and the group's first priced op pays its launch. A fused RMSNorm
+(``cost_model/norm_pattern.py``) is priced whole on its scale Mul, its other ops and the casts
+the kernel absorbs cost nothing, so its Reciprocal form (planned) and Div form (emitted) agree. A measured profile
 (``ctx.profile``) overrides the roofline per op key (docs/architecture.md, "Cost model").
 """
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 _FLOAT32 = "float32"
 _UNIT = "unit"  # amp_compiler.ir.UNIT
+_NORM_FLOPS = 4  # an RMSNorm per element: square, sum, normalise, scale
 
 
 class OpTimer:
@@ -32,7 +35,8 @@ class OpTimer:
     ``ctx`` is any object with ``target``, ``profile``, ``registry`` and ``runtime`` (a ``PlanContext``).
     """
 
-    def __init__(self, graph: PrecisionGraph, ctx: Any) -> None:
+    def __init__(self, graph: PrecisionGraph, ctx: Any, as_written: bool = False) -> None:
+        """``as_written``: price the graph as it is, without the ONNX emitter's RMSNorm rewrite."""
         if ctx.registry is None:
             from amp_compiler.registry import DEFAULT_REGISTRY
 
@@ -42,7 +46,7 @@ class OpTimer:
         self.graph = graph
         self.roofline = Roofline(ctx.target, ctx.profile)
         self.runtime = get_runtime(getattr(ctx, "runtime", "eager"))
-        self.groups = form_groups(graph, self.runtime, self.registry)
+        self.groups = form_groups(graph, self.runtime, self.registry, rsqrt_form=not as_written)
         self.launch = self.roofline.launch_overhead * self.runtime.launch_scale
         self._leaders = self._group_leaders()
         self._flops: dict[str, float] = {}
@@ -132,6 +136,9 @@ class OpTimer:
         return _memo(self._times, op, dtype, self._time)
 
     def _time(self, op: Op, dtype: str) -> float:
+        norm = self.groups.norms.get(self.groups.group_of.get(op.name, -1))
+        if norm is not None:
+            return self._norm_time(norm, dtype) if op.name == norm.scale_mul else 0.0
         if op.canonical == "cast" and op.inserted:
             t = self.graph.tensors[op.inputs[0]]
             return self.roofline.cast_time(self.graph.numel(t), t.dtype or _FLOAT32, dtype)
@@ -141,6 +148,34 @@ class OpTimer:
             key=self.profile_key(op) if self.roofline.profile is not None else None)
         launch = self.launch if op.name in self._leaders else 0.0
         return max(kernel - self.roofline.launch_overhead, 0.0) + launch
+
+    def _norm_time(self, norm, dtype: str) -> float:
+        """One fused RMSNorm kernel: ``_NORM_FLOPS`` per element of ``x`` (whatever form the ops
+        are written in), ``x`` read and the output written in the scale Mul's dtype (``dtype``),
+        the 1-D scale read (stored in that dtype too), one launch."""
+        graph = self.graph
+        scale = graph.ops[norm.scale_mul]
+        moved = graph.nbytes(graph.tensors[norm.x], dtype) + graph.nbytes(graph.tensors[scale.outputs[0]], dtype)
+        moved += sum(graph.nbytes(graph.tensors[n], dtype) for n in scale.inputs if graph.tensors[n].producer is None)
+        flops = _NORM_FLOPS * graph.numel(graph.tensors[norm.x])
+        kernel = self.roofline.op_time(flops=flops, bytes_moved=moved, dtype=dtype, tensor_core=False, aligned=True,
+                                       key=None)
+        return max(kernel - self.roofline.launch_overhead, 0.0) + self.launch
+
+    def absorbed_read(self, t: Tensor, reader: str) -> bool:
+        """True if a fused RMSNorm's kernel reads ``t`` in whatever dtype it is stored in: a cast
+        of its input (or of an intermediate) for ``reader`` folds into the kernel."""
+        norms = self.groups.norms
+        if not norms:
+            return False
+        norm = norms.get(self.groups.group_of.get(reader, -1))
+        return norm is not None and (t.name == norm.x or self.groups.same_group(t.producer, reader))
+
+    def absorbed_cast(self, op: Op) -> bool:
+        """True for a cast the plan inserted that a fused RMSNorm's kernel absorbs (all its readers)."""
+        src = self.graph.tensors[op.inputs[0]]
+        readers = self.graph.tensors[op.outputs[0]].consumers
+        return bool(readers) and all(self.absorbed_read(src, c) for c, _ in readers)
 
     def profile_key(self, op: Op) -> str:
         shapes = ";".join("x".join(str(d) for d in (self.graph.tensors[i].shape or ())) for i in op.inputs if i)
@@ -155,6 +190,8 @@ class OpTimer:
         rule as ``cast_time``: free inside a fused kernel, traffic where casts fuse, else a kernel."""
         t = self.graph.tensors[op.inputs[0]]
         traffic = self._traffic(t, src, dst)
+        if self.groups.group_of.get(op.name, -1) in self.groups.norms:
+            return 0.0  # folded into the fused RMSNorm
         if not self.runtime.fuse_casts:
             return traffic + self.launch
         out = self.graph.tensors[op.outputs[0]]
@@ -171,7 +208,9 @@ class OpTimer:
         cached = self._cast_costs.get(key)
         if cached is None:
             traffic = self._traffic(t, _FLOAT32, low)
-            if self.runtime.fuse_casts:
+            if self.groups.norms and self.internal(t) and self.groups.group_of.get(t.producer) in self.groups.norms:
+                cached = 0.0  # an intermediate of a fused RMSNorm: converted in registers
+            elif self.runtime.fuse_casts:
                 cached = 0.0 if self.internal(t) else traffic
             elif any(self.groups.same_group(t.producer, c) for c, _ in t.consumers):
                 # the cast splits the fused kernel: its own kernel, one more launch, and the

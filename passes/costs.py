@@ -170,6 +170,8 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         own = ("fixed", code(t.dtype))  # the tensor's dtype is float: any role but unit/any keeps it
         ends: list[Endpoint] = []
         for cname, port in t.consumers:
+            if timer.absorbed_read(t, cname):
+                continue  # a fused RMSNorm reads it as stored: no cast (cost_model/norm_pattern.py)
             op = ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
@@ -219,6 +221,8 @@ def realised_time(graph: PrecisionGraph, timer: OpTimer, low: str) -> tuple[floa
     total, casts = 0.0, 0
     for op in graph.ops.values():
         if op.inserted and op.canonical == "cast":
+            if timer.absorbed_cast(op):
+                continue
             src = graph.tensors[op.inputs[0]]
             if {src.dtype, graph.tensors[op.outputs[0]].dtype} == {FLOAT32, low}:
                 total += timer.cast_time(src, low)

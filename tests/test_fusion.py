@@ -133,10 +133,10 @@ def _rms_norm(form: str):
 
 
 def test_ort_fuses_an_rms_norm_only_in_its_div_form(tmp_path):
-    """What the ``ort-cuda`` profile relies on when it prices a decomposed RMSNorm (and the casts
-    around it, when it stays FP32) unfused: ONNX Runtime's SimplifiedLayerNormFusion matches
-    ``Sqrt -> Div``, not the ``Sqrt -> Reciprocal -> Mul`` the dynamo exporter writes for
-    ``torch.rsqrt``. If ORT learns the second form, the profile must learn it too."""
+    """Why the ONNX emitter rewrites the RMSNorms ``ort-cuda`` prices as fused (onnx_io/rms_norm_form.py)
+    and the ruler prices a file's Reciprocal form unfused: ONNX Runtime's SimplifiedLayerNormFusion
+    matches ``Sqrt -> Div``, not the ``Sqrt -> Reciprocal -> Mul`` the dynamo exporter writes for
+    ``torch.rsqrt``. If ORT learns the second form, ``analysis`` may price it fused too."""
     ort = pytest.importorskip("onnxruntime")
     import onnx
 

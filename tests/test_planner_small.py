@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from tests.builders import fin, model, plan_result, weight
+from tests.builders import fin, model, plan_result, rms_norm_stack, weight
 from amp_compiler.onnx_api import convert_onnx  # noqa: E402  isort: skip
 from amp_compiler.plan_report import build_report  # noqa: E402  isort: skip
 from passes.convert import TIE_LAUNCHES, tie_tolerance  # noqa: E402  isort: skip
@@ -48,32 +48,17 @@ def test_small_models_convert_by_default(name, deploy, deny_propagation):
     assert s["predicted_memory_mixed_bytes"] < 0.6 * s["predicted_memory_fp32_bytes"]
 
 
-def _rms_norm_stack(blocks=6, d=64, tokens=16):
+def _rms_norm_stack(scaled=False):
     """GEMMs between T5-style RMSNorms (eps 1e-6: numerics rule 8 keeps the root FP32; Pow,
-    ReduceMean and Reciprocal are deny): every norm is an FP32 island, two casts each."""
-    nodes, inits, x = [], [], "x"
-    for i in range(blocks):
-        n = f"b{i}_"
-        nodes += [helper.make_node("MatMul", [x, f"{n}W"], [f"{n}h"], name=f"{n}mm"),
-                  helper.make_node("Pow", [f"{n}h", "two"], [f"{n}p"], name=f"{n}pow"),
-                  helper.make_node("ReduceMean", [f"{n}p", "axes"], [f"{n}m"], name=f"{n}mean", keepdims=1),
-                  helper.make_node("Add", [f"{n}m", "eps"], [f"{n}a"], name=f"{n}add"),
-                  helper.make_node("Sqrt", [f"{n}a"], [f"{n}s"], name=f"{n}sqrt"),
-                  helper.make_node("Reciprocal", [f"{n}s"], [f"{n}r"], name=f"{n}rsqrt"),
-                  helper.make_node("Mul", [f"{n}h", f"{n}r"], [f"{n}y"], name=f"{n}norm")]
-        inits.append(weight(f"{n}W", d, d))
-        x = f"{n}y"
-    inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-              numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-              numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
-    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
-    return model(nodes, [fin("x", tokens, d)], [fin("y", tokens, d)], inits)
+    ReduceMean and Reciprocal are deny): every norm is an FP32 island, two casts each.
+    ``scaled``: each norm ends in a Mul by a learned 1-D weight, as T5's and Llama's do."""
+    return rms_norm_stack(gamma=(lambda i, d: np.full(d, 1.5)) if scaled else None)
 
 
 def test_rule_held_islands_on_ort_keep_fp32_and_say_why():
     """ONNX Runtime runs each cast as a kernel and does not fuse this RMSNorm (its
-    SimplifiedLayerNormFusion wants Div, not Reciprocal): two casts per island are far more than
-    the tie floor, so the plan stays FP32; the report's first lines give the numbers, what the
+    SimplifiedLayerNormFusion ends at a Mul by a 1-D weight, which this norm lacks): two casts
+    per island are far more than the tie floor, so the plan stays FP32; the report's first lines give the numbers, what the
     casts border and what would change it, and --objective memory converts."""
     _, report = convert_onnx(_rms_norm_stack())
     s = report.summary
@@ -88,3 +73,17 @@ def test_rule_held_islands_on_ort_keep_fp32_and_say_why():
     assert by_memory.summary["fp16_gemm_flop_fraction"] == 1.0
     _, fused = convert_onnx(_rms_norm_stack(), deploy="inductor")  # the casts fold into the norm's kernel
     assert fused.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
+def test_scaled_rms_norms_fuse_on_ort_and_the_gemms_convert():
+    """With the scale Mul T5 and Llama have, ONNX Runtime runs each norm as one kernel that
+    absorbs the casts around its FP32 eps chain (cost_model/norm_pattern.py): no cast is charged
+    there, and every GEMM between two norms converts by default. The first one alone stays FP32:
+    it would need a cast kernel of the FP32 graph input, and the report says so."""
+    _, report = convert_onnx(_rms_norm_stack(scaled=True))
+    s = report.summary
+    assert s["fp16_gemm_flop_fraction"] == pytest.approx(5 / 6)
+    assert "at graph inputs/outputs" in s["fp32_tensor_core_why"] and "border ops" not in s["fp32_tensor_core_why"]
+    assert s["predicted_time_mixed_s"] < s["predicted_time_fp32_s"]
+    _, eager = convert_onnx(_rms_norm_stack(scaled=True), deploy="eager")  # casts are kernels there
+    assert eager.summary["fp16_gemm_flop_fraction"] == 0.0

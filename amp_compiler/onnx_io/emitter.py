@@ -21,6 +21,7 @@ from .files import defer_cast
 from .importer import OnnxImport
 from .order import replace_nodes
 from .ort_fusions import castlike_casts
+from .rms_norm_form import div_forms, div_nodes, drop_value_info
 from .stream import PendingCast
 
 if TYPE_CHECKING:
@@ -39,8 +40,13 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
     scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
     castlike = castlike_casts(graph)
     likes: dict[tuple[str, str], str] = {}  # (scope, dtype) -> scalar initializer CastLike reads
+    forms = div_forms(graph, result.timer)  # RMSNorms in the form ONNX Runtime fuses
+    dropped = {d for form in forms.values() for d in form.drop}
     for name, op in graph.ops.items():
         node = imp.nodes.get(name)
+        if name in dropped:
+            scopes[op.scope].extend(div_nodes(graph, forms[name]) if name in forms else ())
+            continue
         if node is None and name in castlike:  # ONNX Runtime's LayerNorm fusion would absorb a Cast
             like = likes.setdefault((op.scope, op.attrs["to"]), graph.fresh_name(f"castlike_{op.attrs['to']}"))
             node = helper.make_node("CastLike", [op.inputs[0], like], op.outputs, name=name)
@@ -64,6 +70,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
         _write_initializers(imp, g, scope)
         g.initializer.extend(_scalar(like, dtype) for (s, dtype), like in likes.items() if s == scope)
         _update_types(graph, g, scope, original)
+        drop_value_info(graph, g, forms)
     return model
 
 
