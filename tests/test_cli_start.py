@@ -125,3 +125,23 @@ def cli_report_tail(out: Path, model: Path) -> str:
     with contextlib.redirect_stdout(text):
         assert cli.main([str(model), "-o", str(out.with_name("again.onnx"))]) == 0
     return text.getvalue().rstrip().splitlines()[-1]
+
+
+def test_the_console_entry_runs_without_the_cyclic_collector(mlp_file, tmp_path):
+    """``cli.run`` keeps the collector off from start to exit (docs/architecture.md, "Performance"),
+    so no collection walks the IR while the output is written; in-process ``main`` leaves it on."""
+    probe = ("import gc, sys; from amp_compiler import cli; main = cli.main\n"
+             "def traced():\n"
+             "    print('collector before:', gc.isenabled()); status = main(sys.argv[1:])\n"
+             "    print('collector after:', gc.isenabled()); return status\n"
+             "cli.main = traced; cli.run()")
+    done = subprocess.run([sys.executable, "-c", probe, str(mlp_file), "-o", str(tmp_path / "out.onnx"), "-q"],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["collector", "before:", "False", "collector", "after:", "False"]
+    onnx.checker.check_model(onnx.load(tmp_path / "out.onnx"))
+    assert cli.main([str(mlp_file), "-o", str(tmp_path / "again.onnx"), "-q"]) == 0
+    import gc
+
+    assert gc.isenabled()
