@@ -106,3 +106,26 @@ def test_layer_norm_of_offset_values_holds_with_the_rule_and_not_without(monkeyp
     monkeypatch.setattr(numerics, "centrings", lambda *args: {})
     unguarded, _ = convert_onnx(m, planner="all")
     assert error(unguarded) > 0.1
+
+
+def test_the_torch_path_keeps_the_same_centring_fp32():
+    """aten mean/sub: the centring mean and Sub FP32, the eps chain's mean FP32 (rule 8), a gate's mean FP16."""
+    torch = pytest.importorskip("torch")
+    import amp_compiler
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+        def forward(self, x):
+            h = self.a(x)
+            d = h - h.mean(-1, keepdim=True)
+            normed = d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+            return self.b(normed) + torch.sigmoid(h.mean(-1, keepdim=True)) * h
+
+    report = amp_compiler.compile(Block().eval(), (torch.randn(N, D),), planner="all").report
+    ops = {o["name"]: o for o in report.ops}
+    assert [ops[n]["precision"] for n in ("aten.mean", "aten.sub", "aten.mean#2", "aten.mean#3")] == \
+        ["float32", "float32", "float32", "float16"]
+    assert "centring (x - mean(x))" in ops["aten.mean"]["reason"] and "plus eps" in ops["aten.mean#2"]["reason"]
