@@ -6,9 +6,9 @@ numerically safe or fast for it):
 
 * ``allow``  -- tensor-core ops (GEMM, conv, attention): FP16 makes them fast;
 * ``infer``  -- numerically safe in FP16 given FP16 inputs (elementwise math,
-  activations, and normalisations/softmax whose kernels accumulate in FP32);
+  activations, means, and normalisations/softmax whose kernels accumulate in FP32);
 * ``clear``  -- data movement; the precision of the data passes through;
-* ``deny``   -- numerically unsafe in FP16 (exp, log, pow, sum/mean reductions,
+* ``deny``   -- numerically unsafe in FP16 (exp, log, pow, sum/product reductions,
   losses, random generators, quantisation boundaries).
 
 Which ports of an op are float, which must agree, and which accept any dtype is
@@ -187,11 +187,18 @@ _op("reciprocal", DENY, ["Reciprocal"], ["reciprocal"],
     note="1/x overflows FP16 for |x| below 6e-5 (autocast keeps it FP32)")
 _op("erfinv", DENY, [], ["erfinv"], note="erfinv " + "overflows or loses precision in FP16")
 _op("pow", DENY, ["Pow"], ["pow"], flops_per_element=4, note="pow " + _RANGE)
-for _name, _aten in (("ReduceSum", "sum"), ("ReduceMean", "mean"), ("ReduceProd", "prod"), ("ReduceL1", ""),
+for _name, _aten in (("ReduceSum", "sum"), ("ReduceProd", "prod"), ("ReduceL1", ""),
                      ("ReduceL2", "norm,linalg_vector_norm"), ("ReduceLogSum", ""), ("ReduceLogSumExp", "logsumexp"),
                      ("ReduceSumSquare", "")):
     _op(_snake(_name), DENY, [_name], [a for a in _aten.split(",") if a], flops="reduction",
         note="reduction accumulates in the op's dtype")
+# A mean lies within its inputs' range, so unlike a sum it cannot overflow; the kernels accumulate FP16 in
+# FP32 (ONNX Runtime CUDA: reduction_ops.cc sets the cuDNN reduce descriptor to float for MLFloat16 and its
+# own kernels use AccumulationType<half> = float; torch's CUDA reductions use acc_type float), and torch
+# autocast's CUDA FP32 lists hold sum, prod, cumsum but not mean (aten/src/ATen/autocast_mode.cpp).
+# Numerics rule 8 still keeps a mean -> add eps -> root chain FP32 (docs/architecture.md, "Numerics").
+_op("reduce_mean", INFER, ["ReduceMean"], ["mean"], flops="reduction", accumulates_fp32=True,
+    note="a mean stays within its inputs' range; kernels accumulate FP16 in FP32 (autocast runs it in FP16)")
 _op("var_mean", DENY, [], ["var_mean", "var", "std"], flops="reduction", note="reduction accumulates in the op's dtype")
 _many(DENY, "CumSum/cumsum CumProd/cumprod", flops="reduction", note="scan accumulates in the op's dtype")
 _many(DENY, "SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss/nll_loss_forward,nll_loss", flops="reduction",

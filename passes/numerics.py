@@ -24,9 +24,10 @@ every op reading or writing a flagged value through a unit port in FP32):
 7. Trigonometric functions (Sin, Cos, Tan) of an argument that is not bounded stay FP32, and
    so do the ops computing that argument from integers and constants alone (RoPE: position x
    inv_freq): the dtype's spacing near 2048 (2 in FP16, 16 in BF16) loses the angle.
-8. A reduction -> add-eps -> sqrt/rsqrt/reciprocal chain stays FP32 when eps is below the
-   dtype's smallest normal (a variance near zero plus eps would be subnormal, its reciprocal
-   overflow); an output that overflows the dtype (1/eps) is flagged like a constant.
+8. A reduction -> add-eps -> sqrt/rsqrt/reciprocal chain, the reduction (a mean too) included,
+   stays FP32 when eps is below the dtype's smallest normal (a variance near zero plus eps would
+   be subnormal, its reciprocal overflow); an output that overflows the dtype (1/eps) is flagged
+   like a constant.
 9. A small power (x^2, x^3: deny by class) whose value reaches only saturating ops (tanh,
    sigmoid, erf) through scale and shift becomes infer: where it overflows to inf the
    saturating op returns its limit, exactly as in FP32 (GELU's tanh form: x + 0.044715 x^3).
@@ -44,6 +45,11 @@ every op reading or writing a flagged value through a unit port in FP32):
    activations leave below it too; that magnitude is followed forward (data movement, Relu,
    Mul/Div by constants, sums of such values) until a rescale lifts it, and every value on
    the way is flagged like a constant (``numerics_magnitude.py``).
+12. Centring: a mean whose output is subtracted from the values it averages (``x - mean(x)``,
+   through reshapes, broadcasts and casts: written-out LayerNorm/GroupNorm/InstanceNorm, a
+   variance's deviations) stays FP32 with that Sub: the difference can be far smaller than the
+   mean, and would keep the whole error of the mean's rounding (``numerics_centring.py``). Any
+   other mean (pooling, squeeze-excitation, a mean over tokens) is infer.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import RANGES, DtypeRange
 from amp_compiler.registry import CLEAR, DENY, INFER
 
+from .numerics_centring import centrings
 from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_chains
 from .numerics_magnitude import tiny_products
 
@@ -110,6 +117,8 @@ class NumericsPass(Pass):
             ops.setdefault(name, why)
         for name, why in overflowing.items():
             tensors.setdefault(name, why)
+        for name, why in centrings(graph, rng, label).items():  # 12
+            ops.setdefault(name, why)
         _follow_value_flow(graph, tensors)  # 5
         for name, why in tiny_products(graph, rng, label).items():  # 11: after 5, which would pass a rescale
             tensors.setdefault(name, why)

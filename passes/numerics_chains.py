@@ -82,12 +82,12 @@ def eps_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> tuple[dict
         found = _chain_to_reduction(graph, op)
         if found is None:
             continue
-        between, eps, _ = found
+        between, eps, reduction = found
         if eps >= rng.min_normal:
             continue
         why = (f"{op.op_type} of a reduction plus eps {eps:.3g}: below {label}'s smallest normal "
                f"({rng.min_normal:.2g}) a variance near zero loses its digits and its reciprocal overflows")
-        for name in (*between, op.name):
+        for name in (reduction.name, *between, op.name):  # a mean is infer: its statistics stay FP32 here
             ops.setdefault(name, why)
         peak = {"sqrt": eps ** 0.5, "rsqrt": eps ** -0.5, "reciprocal": 1.0 / eps}[op.canonical]
         if peak > rng.max and op.outputs and op.outputs[0]:

@@ -17,12 +17,12 @@ BIG = (4096, 4096)
 
 
 def _mlp(shape=BIG, k: int | None = None) -> IRBuilder:
-    """x -> MatMul -> ReduceMean (deny) -> MatMul: big enough that FP16 pays on an A100."""
+    """x -> MatMul -> ReduceSum (deny) -> MatMul: big enough that FP16 pays on an A100."""
     b = IRBuilder(shape)
     x = b.input("x")
     w_shape = (shape[1], k or shape[1])
     h = b.op("MatMul", [x, b.const("w1", np.zeros(w_shape))], "mm1", shape=(shape[0], w_shape[1]))
-    m = b.op("ReduceMean", [h], "mean")
+    m = b.op("ReduceSum", [h], "sum")
     b.output(b.op("MatMul", [m, b.const("w2", np.zeros((w_shape[1], w_shape[1])))], "mm2"))
     return b
 
@@ -31,7 +31,7 @@ def test_classify_gives_classes_and_roles_and_a_second_run_changes_nothing():
     b = _mlp((64, 64))
     first, second = b.run(ClassifyPass(), ClassifyPass())
     ops = b.graph.ops
-    assert [ops[n].op_class for n in ("mm1", "mean", "mm2")] == ["allow", "deny", "allow"]
+    assert [ops[n].op_class for n in ("mm1", "sum", "mm2")] == ["allow", "deny", "allow"]
     assert ops["mm1"].input_roles == ["unit", "unit"] and ops["mm1"].tensor_core
     assert first.modified and not second.modified
     assert first.details == "2 allow, 1 deny"
@@ -56,7 +56,7 @@ def test_propagate_marks_deny_fp32_and_allow_components_eligible():
     _, _, prop = b.run(ClassifyPass(), NumericsPass(), PropagatePass())
     ops = b.graph.ops
     assert ops["mm1"].eligible and ops["mm2"].eligible
-    assert not ops["mean"].eligible and ops["mean"].precision == "float32"
+    assert not ops["sum"].eligible and ops["sum"].precision == "float32"
     assert prop.modified and prop.details == "2 of 3 ops eligible"
 
 
@@ -75,7 +75,7 @@ def test_convert_puts_big_gemms_low_and_ensures_eligible_ops_have_a_precision():
     assert ops["mm1"].precision == ops["mm2"].precision == "float16"
     assert conv.modified
     pred = conv.output.prediction
-    # x in, h to FP32 for the mean, m back to FP16, the output back to FP32 (keep_io_types)
+    # x in, h to FP32 for the sum, m back to FP16, the output back to FP32 (keep_io_types)
     assert pred.mixed_s < pred.fp32_s and pred.casts == 4
 
 
@@ -106,8 +106,8 @@ def test_casts_make_unit_ports_carry_the_op_precision():
     g = b.graph
     assert casts.modified and casts.output.inserted == 4 and casts.output.folded == 2
     assert casts.output.original_dtypes["mm1_out"] == "float32" and g.tensors["mm1_out"].dtype == "float16"
-    mean = g.ops["mean"]
-    assert g.tensors[mean.inputs[0]].dtype == "float32"  # it reads a cast of mm1's output
+    total = g.ops["sum"]
+    assert g.tensors[total.inputs[0]].dtype == "float32"  # it reads a cast of mm1's output
 
 
 def test_casts_on_an_all_fp32_plan_change_nothing():

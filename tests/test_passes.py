@@ -441,7 +441,7 @@ def test_cli_deny_propagation_flag(tmp_path):
     for flag, tainted in (([], True), (["--deny-propagation"], True), (["--no-deny-propagation"], False)):
         assert cli.main([str(src), "--dry-run", "--planner", "all", *flag, "--report", str(report), "-q"]) == 0
         div = {o["name"]: o for o in Report.from_json(report).ops}["div"]
-        assert ("downstream of deny op mean through sqrt" in div["reason"]) is tainted
+        assert ("downstream of deny op pow through sqrt" in div["reason"]) is tainted
 
 
 def test_tensor_sizes_follow_shape_and_dim_size_changes():

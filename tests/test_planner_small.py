@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tests.builders import fin, model, plan_result, rms_norm_stack, weight
 from amp_compiler.onnx_api import convert_onnx  # noqa: E402  isort: skip
@@ -29,8 +29,46 @@ def _depthwise_cnn(c=32, px=64):
     return model(nodes, [fin("x", 1, 3, px, px)], [fin("y", 1, 16)], inits)
 
 
+def _se_cnn(c=16, px=64, blocks=2):
+    """Batch 1, EfficientNet-style: stem, MBConv blocks (expand 1x1, depthwise 3x3, squeeze-excitation:
+    ReduceMean -> 1x1 conv -> SiLU -> 1x1 conv -> Sigmoid -> Mul, project 1x1, residual), head, pool,
+    classifier. SiLU is Sigmoid and Mul, as the dynamo exporter writes it."""
+    mk = helper.make_node
+    nodes, e = [], 4 * c
+
+    def silu(x, n):
+        nodes.extend([mk("Sigmoid", [x], [f"{n}_s"], name=f"{n}_sig"), mk("Mul", [x, f"{n}_s"], [n], name=n)])
+        return n
+
+    nodes.append(mk("Conv", ["x", "W0"], ["a"], name="stem", pads=[1] * 4, strides=[2, 2]))
+    x = silu("a", "a1")
+    inits = [weight("W0", c, 3, 3, 3), numpy_helper.from_array(np.array([2, 3], np.int64), "hw")]
+    for i in range(blocks):
+        n = f"b{i}_"
+        nodes.append(mk("Conv", [x, f"{n}We"], [f"{n}e"], name=f"{n}expand"))
+        nodes.append(mk("Conv", [silu(f"{n}e", f"{n}e1"), f"{n}Wd"], [f"{n}d"], name=f"{n}depthwise", group=e,
+                        pads=[1] * 4))
+        d = silu(f"{n}d", f"{n}d1")
+        nodes += [mk("ReduceMean", [d, "hw"], [f"{n}m"], name=f"{n}se_mean", keepdims=1),
+                  mk("Conv", [f"{n}m", f"{n}Wr", f"{n}br"], [f"{n}r"], name=f"{n}se_reduce")]
+        nodes += [mk("Conv", [silu(f"{n}r", f"{n}r1"), f"{n}Wx", f"{n}bx"], [f"{n}g"], name=f"{n}se_expand"),
+                  mk("Sigmoid", [f"{n}g"], [f"{n}g1"], name=f"{n}se_gate"),
+                  mk("Mul", [d, f"{n}g1"], [f"{n}se"], name=f"{n}se_scale"),
+                  mk("Conv", [f"{n}se", f"{n}Wp"], [f"{n}p"], name=f"{n}project"),
+                  mk("Add", [x, f"{n}p"], [f"{n}y"], name=f"{n}residual")]
+        inits += [weight(f"{n}We", e, c, 1, 1), weight(f"{n}Wd", e, 1, 3, 3), weight(f"{n}Wr", 4, e, 1, 1),
+                  weight(f"{n}br", 4), weight(f"{n}Wx", e, 4, 1, 1), weight(f"{n}bx", e), weight(f"{n}Wp", c, e, 1, 1)]
+        x = f"{n}y"
+    nodes.append(mk("Conv", [x, "Wh"], ["h"], name="head"))
+    nodes += [mk("GlobalAveragePool", [silu("h", "h1")], ["g"], name="pool"), mk("Flatten", ["g"], ["f"], name="flat"),
+              mk("Gemm", ["f", "Wc", "bc"], ["y"], name="classifier", transB=1)]
+    inits += [weight("Wh", e, c, 1, 1), weight("Wc", 10, e), weight("bc", 10)]
+    return model(nodes, [fin("x", 1, 3, px, px)], [fin("y", 1, 10)], inits)
+
+
 _MODELS = {"transformer 2x64": lambda: transformer_graph(24, hidden=128, seq=64, batch=2),
-           "depthwise cnn batch 1": _depthwise_cnn}
+           "depthwise cnn batch 1": _depthwise_cnn,
+           "squeeze-excite cnn batch 1": _se_cnn}
 
 
 @pytest.mark.parametrize("name", _MODELS)
@@ -49,8 +87,8 @@ def test_small_models_convert_by_default(name, deploy, deny_propagation):
 
 
 def _rms_norm_stack(scaled=False):
-    """GEMMs between T5-style RMSNorms (eps 1e-6: numerics rule 8 keeps the root FP32; Pow,
-    ReduceMean and Reciprocal are deny): every norm is an FP32 island, two casts each.
+    """GEMMs between T5-style RMSNorms (eps 1e-6: numerics rule 8 keeps the mean and the root
+    FP32; Pow and Reciprocal are deny): every norm is an FP32 island, two casts each.
     ``scaled``: each norm ends in a Mul by a learned 1-D weight, as T5's and Llama's do."""
     return rms_norm_stack(gamma=(lambda i, d: np.full(d, 1.5)) if scaled else None)
 
