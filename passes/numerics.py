@@ -50,6 +50,11 @@ every op reading or writing a flagged value through a unit port in FP32):
    variance's deviations) stays FP32 with that Sub: the difference can be far smaller than the
    mean, and would keep the whole error of the mean's rounding (``numerics_centring.py``). Any
    other mean (pooling, squeeze-excitation, a mean over tokens) is infer.
+13. Unscaled attention scores: a product of two activations (``q @ k^T``) that reaches a
+   Softmax with no Mul/Div by a static value on the scores or on either operand stays FP32,
+   with the ops to the softmax and the softmax, for dtypes with FP16's range: without the
+   ``1/sqrt(d)`` the scores grow with the activations past 65504 (HF's GPT-Neo computes these
+   in FP32 for that reason; ``numerics_attention.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import RANGES, DtypeRange
 from amp_compiler.registry import CLEAR, DENY, INFER
 
+from .numerics_attention import unscaled_attention
 from .numerics_centring import centrings
 from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_chains
 from .numerics_magnitude import tiny_products
@@ -118,6 +124,8 @@ class NumericsPass(Pass):
         for name, why in overflowing.items():
             tensors.setdefault(name, why)
         for name, why in centrings(graph, rng, label).items():  # 12
+            ops.setdefault(name, why)
+        for name, why in unscaled_attention(graph, rng, label).items():  # 13
             ops.setdefault(name, why)
         _follow_value_flow(graph, tensors)  # 5
         for name, why in tiny_products(graph, rng, label).items():  # 11: after 5, which would pass a rescale
