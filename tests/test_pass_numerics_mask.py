@@ -16,11 +16,12 @@ FILL = float(np.finfo(np.float32).min)
 
 
 def _masked_attention(mask_reader: str = "Softmax"):
-    """q k^T + where(mask, 0, finfo.min) -> softmax -> v, as transformers' eager attention."""
+    """q k^T / sqrt(d) + where(mask, 0, finfo.min) -> softmax -> v, as transformers' eager attention."""
     nodes = [
         helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q_proj"),
         helper.make_node("Transpose", ["q"], ["qt"], name="qt", perm=[1, 0]),
-        helper.make_node("MatMul", ["q", "qt"], ["scores"], name="scores"),
+        helper.make_node("MatMul", ["q", "qt"], ["raw_scores"], name="scores"),
+        helper.make_node("Mul", ["raw_scores", "scale"], ["scores"], name="scale"),  # 1/sqrt(d): not rule 13's
         helper.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask_fill"),
         helper.make_node("Add", ["scores", "bias"], ["masked"], name="mask_add"),
         helper.make_node(mask_reader, ["masked"], ["probs"], name="softmax"),
@@ -29,6 +30,7 @@ def _masked_attention(mask_reader: str = "Softmax"):
     ]
     inits = [weight("Wq", D, D, scale=0.2), weight("Wo", D, D, scale=0.2),
              numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero"),
+             numpy_helper.from_array(np.array(D ** -0.5, dtype=np.float32), "scale"),
              numpy_helper.from_array(np.array(FILL, dtype=np.float32), "fill")]
     return model(nodes, [fin("x", S, D), fin("keep", S, S, dtype=TensorProto.BOOL)], [fin("y", S, D)], inits)
 
