@@ -60,7 +60,7 @@ def build(name: str, size: str = "ci"):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(zoo.SEED)
         model = getattr(transformers, spec.model_class)(config).eval()
-    wrapper = zoo._wrapper_class()(model, [i.name for i in var.inputs], spec.call_kwargs, spec.output).eval()
+    wrapper = zoo.wrap_module(model, [i.name for i in var.inputs], spec.call_kwargs, spec.output)
     gen = torch.Generator().manual_seed(zoo.SEED)
     args = []
     for inp in var.inputs:

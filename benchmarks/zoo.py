@@ -60,6 +60,8 @@ __all__ = [
     "example_inputs",
     "build_torch_model",
     "export_onnx",
+    "export_module",
+    "wrap_module",
     "cache_path",
     "default_cache_dir",
     "random_feeds",
@@ -313,8 +315,13 @@ def build_torch_model(name: str, size: str = "small") -> tuple["torch.nn.Module"
         torch.manual_seed(SEED)
         model = cls(var.config)
     model.eval()
-    wrapper = _wrapper_class()(model, [i.name for i in var.inputs], spec.call_kwargs, spec.output).eval()
-    return wrapper, example_inputs(name, size)
+    return wrap_module(model, [i.name for i in var.inputs], spec.call_kwargs, spec.output), example_inputs(name, size)
+
+
+def wrap_module(model: "torch.nn.Module", names: Sequence[str], call_kwargs: Mapping[str, Any] | None = None,
+                output: str = "logits") -> "torch.nn.Module":
+    """``model`` behind a ``forward(*tensors)`` that passes them as ``names`` and returns ``output``."""
+    return _wrapper_class()(model, names, call_kwargs or {}, output).eval()
 
 
 # --------------------------------------------------------------------------- ONNX export
@@ -417,23 +424,34 @@ def export_onnx(name: str, size: str = "small", cache_dir: str | os.PathLike | N
 
     model, args = build_torch_model(name, size)
     var = variant(name, size)
-    spec = _spec(name)
+    int_high = {i.name: i.high for i in var.inputs if i.high is not None}
+    metadata = {_META_NAME: name, _META_SIZE: size, _META_INT_HIGH: json.dumps(int_high, sort_keys=True)}
+    return export_module(model, args, [i.name for i in var.inputs], [_spec(name).output], path, metadata)
+
+
+def export_module(model: "torch.nn.Module", args: Sequence["torch.Tensor"], input_names: Sequence[str],
+                  output_names: Sequence[str], path: str | os.PathLike,
+                  metadata: Mapping[str, str] | None = None) -> Path:
+    """Export ``model(*args)`` as the zoo does (dynamo exporter, opset 18, optimised) to ``path``.
+
+    The file is written under a temporary name in the same folder and renamed into place.
+    """
+    import torch
+
+    path = Path(path)
     with _quiet_exporter(), torch.no_grad():
         program = torch.onnx.export(
             model,
-            args,
+            tuple(args),
             dynamo=True,
             opset_version=OPSET,
-            input_names=[i.name for i in var.inputs],
-            output_names=[spec.output],
+            input_names=list(input_names),
+            output_names=list(output_names),
             external_data=False,
             optimize=True,
             verbose=False,
         )
-    int_high = {i.name: i.high for i in var.inputs if i.high is not None}
-    program.model.metadata_props.update(
-        {_META_NAME: name, _META_SIZE: size, _META_INT_HIGH: json.dumps(int_high, sort_keys=True)}
-    )
+    program.model.metadata_props.update(dict(metadata or {}))
     # Same folder as the target so os.replace is an atomic rename; unique per writer so
     # concurrent exports of one entry cannot clobber each other's partial files.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")

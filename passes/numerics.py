@@ -39,7 +39,9 @@ every op reading or writing a flagged value through a unit port in FP32):
    score; a score below 2^-12 of it (FP16: 8) added to it rounds back to it, so a fully masked
    row is the uniform average FP32 gives (an -inf fill makes it NaN, a fill off a power of two
    turns score noise into a near one-hot row); scores up to the rest of the range added to it
-   stay finite. The report lists each one (``summary["saturated_constants"]``).
+   stay finite. The report lists each one (``summary["saturated_constants"]``). An op whose
+   scalar argument is such a fill (FX: ``scalar_tensor``, ``masked_fill``, ``full`` of
+   ``finfo.min``) is not forbidden the low dtype either; the FX emitter writes the argument clamped.
 11. A product with a tiny constant factor (a GEMM/conv weight or a Mul scale whose max |c| times
    sqrt of the terms summed lies below the dtype's smallest normal) writes values that O(1)
    activations leave below it too; that magnitude is followed forward (data movement, Relu,
@@ -110,6 +112,13 @@ class NumericsPass(Pass):
         for op in graph.ops.values():
             big = next((s for s in op.scalars if abs(s) != float("inf") and abs(s) > rng.max), None)
             if big is not None:  # 2
+                outs = [out for out in op.outputs if out]
+                if outs and all(mask_sentinel(graph, out) for out in outs):  # 10: a mask fill in an argument
+                    for out in outs:
+                        graph.tensors[out].saturate_to = mask_fill(rng)
+                        saturated[out] = (f"{op.name}: argument {big:.3g} only masks softmax inputs: written as "
+                                          f"+-{mask_fill(rng):.5g}, {label}'s largest power of two")
+                    continue
                 ops[op.name] = f"{op.name}: argument {big:.3g} is beyond the {label} range"
                 for out in op.outputs:
                     if out:

@@ -63,7 +63,7 @@ def test_out_of_range_scalar_forbids_its_op_and_the_flag_follows_value_flow():
     moved = b.op("Transpose", [fill], "move")  # data movement carries the extreme value
     scores = b.op("Add", [moved, x], "add")  # value-flow op: its output holds it too
     probs = b.op("Softmax", [scores], "softmax")  # bounded: its output does not
-    b.output(b.op("MatMul", [probs, x], "mm"))
+    b.output(b.op("MatMul", [probs, x], "mm"), b.op("Relu", [moved], "relu"))  # not a mask fill: Relu reads it
     result = _numerics(b, planner="all")
     assert "argument -3.4e+38 is beyond the FP16 range" in result.output.ops["fill"]
     assert {"fill_out", "move_out", "add_out"} <= set(result.output.tensors)

@@ -97,3 +97,35 @@ def test_a_fill_that_reaches_anything_but_a_softmax_keeps_its_readers_fp32():
     ops = {o["name"]: o for o in report.ops}
     assert "saturated_constants" not in report.summary
     assert ops["mask_add"]["precision"] == "float32" and "beyond the FP16 range" in ops["mask_add"]["reason"]
+
+
+def test_a_mask_fill_in_a_scalar_argument_runs_low_on_the_torch_path():
+    """``scores.masked_fill(~mask, finfo.min)`` (DeBERTa, GPT-Neo): the fill is an FX scalar
+    argument, not a constant. It only masks the softmax, so the masked_fill and softmax run FP16
+    with the fill written as -32768 (before: both kept FP32, two cast kernels around them, and the
+    small model stayed FP32 by cost); a fully masked row stays finite, the uniform average."""
+    torch = pytest.importorskip("torch")
+    import amp_compiler
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.o = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+        def forward(self, x, mask):
+            q = self.q(x)
+            scores = (q @ q.transpose(-1, -2) / 8).masked_fill(~mask.bool()[:, None, :], FILL)
+            return self.o(torch.softmax(scores, -1) @ q)
+
+    torch.manual_seed(0)
+    m, x = Attention().eval(), torch.randn(2, S, D)
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[1] = 0  # a fully masked sequence
+    compiled = amp_compiler.compile(m, example_kwargs={"x": x, "mask": mask})
+    s = compiled.report.summary
+    assert s["fp16_gemm_flop_fraction"] == 1.0 and "-3.4e+38" in next(iter(s["saturated_constants"].values()))
+    assert {o["precision"] for o in compiled.report.ops if o["op_type"] == "aten._softmax.default"} == {"float16"}
+    assert f"{-2.0 ** 15}" in compiled.code and "-3.4028234663852886e+38" not in compiled.code
+    with torch.no_grad():
+        ref, out = m(x, mask), compiled(x, mask)
+    assert torch.isfinite(out).all() and float((ref - out).abs().max() / ref.abs().max()) < 1e-2

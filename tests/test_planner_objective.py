@@ -108,3 +108,18 @@ def test_launch_floor_is_spent_only_on_converting_gemm_work(tensor_core):
                         tc_flops={0: 0.0, 1: 1e6 if tensor_core else 0.0})
     assert solve_objective(energy, "time", floor_s=16e-6) == {0: 0, 1: int(tensor_core)}
     assert solve_objective(energy, "time") == {0: 0, 1: 0}  # no floor: 30 % is no tie
+
+
+def test_tie_spends_the_tolerance_a_pro_rata_price_leaves():
+    """Three GEMM units, each 3 µs slower in FP16 (9 µs together, within a 16 µs floor). Priced
+    pro rata (mu = 16 µs / 1.2 MB) only the one saving 1 MB converted; mu doubling converts the
+    two small ones too, and the plan stays within the floor of the fastest."""
+    from passes.costs import PlanEnergy
+
+    units = {0: ["big"], 1: ["small_a"], 2: ["small_b"]}
+    energy = PlanEnergy(units, {u: 10e-6 for u in units}, {u: 13e-6 for u in units}, 0.0, [],
+                        act_fp32={0: 2e6, 1: 2e5, 2: 2e5}, act_low={0: 1e6, 1: 1e5, 2: 1e5},
+                        tc_flops={u: 1e6 for u in units})
+    chosen = solve_objective(energy, "time", floor_s=16e-6)
+    assert chosen == {0: 1, 1: 1, 2: 1}
+    assert energy.total(chosen)[0] <= energy.total({u: 0 for u in units})[0] + 16e-6

@@ -11,7 +11,8 @@ Rewrite cases:
    master changes (``weights.py``).
 4. An op whose output dtype the plan changed and whose schema has a ``dtype`` argument
    (``full``, ``scalar_tensor``, an existing ``_to_copy``) gets that argument rewritten;
-   ``_assert_tensor_metadata`` is kept equal to its input's new dtype.
+   ``_assert_tensor_metadata`` is kept equal to its input's new dtype. A mask fill in a scalar
+   argument (numerics rule 10: ``masked_fill(..., finfo.min)``) is written saturated.
 5. Ops the casts pass removed (identity casts) are erased once nothing reads them, and
    so are weight reads the plan left unread (folded); everything else stays as it was.
 6. Training graphs: a buffer the graph writes back (``copy_``, BatchNorm running
@@ -28,6 +29,7 @@ Then ``lint()`` and ``recompile()``.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import TYPE_CHECKING
 
@@ -113,6 +115,7 @@ def emit(imp: FxImport, result: PlanResult, *, check: bool = True) -> FoldedWeig
                 elif name:
                     value[name] = node
             _retarget_dtype(node, op, graph)  # 4
+            _saturate_fill(node, op, graph)
         elif op.inserted and op.canonical == "cast":  # 2
             src = get(op.inputs[0])
             where = g.inserting_before(first_compute) if src.op in _WEIGHT_OPS else g.inserting_after(src)
@@ -134,6 +137,15 @@ def emit(imp: FxImport, result: PlanResult, *, check: bool = True) -> FoldedWeig
     g.lint()
     gm.recompile()
     return folded
+
+
+def _saturate_fill(node: fx.Node, op, graph) -> None:
+    """A mask fill in a scalar argument (numerics rule 10) is written at the saturated magnitude."""
+    fill = next((graph.tensors[o].saturate_to for o in op.outputs if o and graph.tensors[o].saturate_to), None)
+    if fill is not None:
+        node.args, node.kwargs = fx.node.map_aggregate(
+            (node.args, node.kwargs),
+            lambda a: math.copysign(fill, a) if type(a) is float and fill < abs(a) < math.inf else a)
 
 
 def _retarget_dtype(node: fx.Node, op, graph) -> None:
