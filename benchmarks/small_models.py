@@ -100,6 +100,10 @@ def build(name: str):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = getattr(transformers, entry.model_class)(config)
+        if entry.inputs == "image":  # torch's own init: transformers' MobileNetV2 init gives logits ~1e-25,
+            for module in model.modules():  # which no 16-bit dtype holds (an error of 1.0 that says nothing)
+                if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.BatchNorm2d)):
+                    module.reset_parameters()
     return model.eval(), config
 
 
