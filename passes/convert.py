@@ -93,10 +93,9 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
     ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
-    ``mu = tol / (M(T*'s plan) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
-    converting what the fastest plan leaves FP32 saves is worth the whole tolerance, a part of
-    it pro rata), kept only if its time is within ``T* + tol`` and it needs less memory; where
-    that cut is slower, ``mu`` halves (at most ``_TIE_CUTS`` cuts); once one is within, ``mu``
+    ``mu = tol / (M(all FP32) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
+    converting everything saves is worth the whole tolerance, a part of it pro rata), kept only
+    if its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu`` halves (at most ``_TIE_CUTS`` cuts); once one is within, ``mu``
     doubles while the cut stays within and needs less memory (at most ``_TIE_CUTS`` more). A tie
     beyond the relative tolerance (spending the floor of launches) must also run more GEMM/conv
     FLOPs in the low dtype; else the relative tolerance alone is tried. So
@@ -115,15 +114,12 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     if t_best <= 0:
         return best
     m_best = energy.memory(best)
-    m_low = energy.memory({u: 1 for u in energy.unit_ops})
-    if m_best <= m_low:
+    m32, m_low = energy.memory({u: 0 for u in energy.unit_ops}), energy.memory({u: 1 for u in energy.unit_ops})
+    if m32 <= m_low:
         return best
     relative = TIE_TOLERANCE * t_best
     for tol in dict.fromkeys((tie_tolerance(t_best, floor_s), relative)):
-        # what is left to save beyond the fastest plan is worth the whole tolerance: measured from
-        # all-FP32 instead, a plan already converting most of the model (a launch-bound decoder's
-        # blocks) priced its last GEMM (the LM head behind one output cast) at a fraction of it
-        tie = _near_tie(energy, t_best, tol, tol / (m_best - m_low), m_best)
+        tie = _near_tie(energy, t_best, tol, tol / (m32 - m_low), m_best)
         # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
         # launch-bound model converting), not for storing FP32 work's weights low and casting them
         if tie is not None and (energy.total(tie)[0] <= t_best + relative

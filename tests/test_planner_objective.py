@@ -110,19 +110,6 @@ def test_launch_floor_is_spent_only_on_converting_gemm_work(tensor_core):
     assert solve_objective(energy, "time") == {0: 0, 1: 0}  # no floor: 30 % is no tie
 
 
-def test_tie_prices_memory_against_what_the_fastest_plan_leaves():
-    """Unit 0 (the blocks, 4 MB saved) is faster in FP16; unit 1 (an LM head behind one output
-    cast, 64 kB saved) is one launch slower: within the 16 µs floor, so it ties and converts. Its
-    memory was priced against all of FP32's (mu = tol / 4 MB) and it stayed FP32."""
-    from passes.costs import PlanEnergy
-
-    energy = PlanEnergy({0: ["blocks"], 1: ["lm_head"]}, {0: 100e-6, 1: 5e-6}, {0: 90e-6, 1: 9e-6}, 0.0, [],
-                        act_fp32={0: 8e6, 1: 128e3}, act_low={0: 4e6, 1: 64e3}, tc_flops={0: 1e9, 1: 1e7})
-    assert solve_mincut(energy) == {0: 1, 1: 0}
-    assert solve_objective(energy, "time", floor_s=16e-6) == {0: 1, 1: 1}
-    assert solve_objective(energy, "time") == {0: 1, 1: 0}  # 4 µs is no 1 % tie of 94 µs
-
-
 def test_tie_spends_the_tolerance_a_pro_rata_price_leaves():
     """Three GEMM units, each 3 µs slower in FP16 (9 µs together, within a 16 µs floor). Priced
     pro rata (mu = 16 µs / 1.2 MB) only the one saving 1 MB converted; mu doubling converts the
