@@ -45,7 +45,7 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         operands = [i for i in op.inputs if i]
         if len(operands) != 2 or any(_static(graph, t, _MAX_STATIC) for t in operands):
             continue  # a weight GEMM, not scores
-        path = _to_softmax(graph, op.outputs[0])
+        path = mask_flow(graph, op.outputs[0])  # the ops to the softmax it feeds, or None
         if path is None or any(_scales(graph, graph.ops[n]) for n in path):
             continue
         if any(_scaled_operand(graph, t) for t in operands):
@@ -59,12 +59,6 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         for name in (op.name, *sorted(path)):
             out.setdefault(name, why)
     return out
-
-
-def _to_softmax(graph: PrecisionGraph, tensor: str) -> set[str] | None:
-    """The ops from ``tensor`` to the Softmax it feeds (mask adds, wheres, data movement), softmax
-    included; None unless everything ``tensor`` reaches ends in one."""
-    return mask_flow(graph, tensor)
 
 
 def _softmax_of(graph: PrecisionGraph, path: set[str]) -> str:

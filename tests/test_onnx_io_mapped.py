@@ -138,11 +138,12 @@ def test_a_mapped_model_converts_to_the_file_a_read_one_does(tmp_path, monkeypat
     onnx.checker.check_model(out, full_check=True)
 
 
-def test_mapped_weights_are_copied_into_external_data_and_into_model(tmp_path, low_threshold) -> None:
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["defaults", "all"])
+def test_mapped_weights_are_copied_into_external_data_and_into_model(tmp_path, low_threshold, options) -> None:
     src = _save(_attention(), tmp_path / "m.onnx")
-    whole = convert_onnx(str(src), planner="all")
+    whole = convert_onnx(str(src), **options)
     lazy = load_model(src, external_data="lazy")
-    result = convert_onnx(lazy, planner="all", base_dir=tmp_path, copy=False)
+    result = convert_onnx(lazy, base_dir=tmp_path, copy=False, **options)
     result.save(tmp_path / "e.onnx", external=True)
     assert (tmp_path / "e.onnx.data").is_file()
     external = onnx.load(str(tmp_path / "e.onnx"))

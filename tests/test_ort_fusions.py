@@ -79,6 +79,22 @@ def test_written_out_norm_kept_fp32_behind_fp16_producer_loads_and_runs_in_ort(k
     assert analyze_model(out).casts == len(nodes_of(out, "Cast")) + len(nodes_of(out, "CastLike"))
 
 
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_t5", "rms_llama"])
+def test_written_out_norm_with_default_options_loads_and_runs_in_ort(kind, tmp_path):
+    """What a user gets: whatever the planner decides, the norm's statistics stay FP32 and ONNX
+    Runtime (all optimisations, its fusions included) loads the output and matches FP32."""
+    m = _norm(kind)
+    out, report = convert_onnx(m)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["pow"]["precision"] == ops["mean"]["precision"] == "float32"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(out.SerializeToString())
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((N, D)).astype(np.float32) * 1000
+    got, ref = sess.run(None, {"x": x})[0], run(m, {"x": x})[0]
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-2
+
+
 def test_without_castlike_ort_refuses_the_fused_layer_norm(monkeypatch, tmp_path):
     """The case the emitter guards against is real: a plain Cast makes ONNX Runtime's fusion ill-typed."""
     monkeypatch.setattr(emitter, "castlike_casts", lambda graph: set())

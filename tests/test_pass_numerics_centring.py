@@ -103,6 +103,10 @@ def test_layer_norm_of_offset_values_holds_with_the_rule_and_not_without(monkeyp
     assert ops["mean"]["precision"] == ops["sub"]["precision"] == "float32"
     assert ops["proj"]["precision"] == "float16"
     assert error(converted) < 5e-3
+    by_default, default_report = convert_onnx(m)  # what a user gets: the same centring, within tolerance
+    defaults = {o["name"]: o for o in default_report.ops}
+    assert defaults["mean"]["precision"] == defaults["sub"]["precision"] == "float32"
+    assert error(by_default) < 5e-3
     monkeypatch.setattr(numerics, "centrings", lambda *args: {})
     unguarded, _ = convert_onnx(m, planner="all")
     assert error(unguarded) > 0.1

@@ -62,9 +62,10 @@ def test_a_mask_whose_path_stays_fp32_keeps_its_exact_value():
     assert _fill_value(converted) == FILL
 
 
-def test_a_fully_masked_row_stays_finite_and_matches_fp32():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["defaults", "all"])
+def test_a_fully_masked_row_stays_finite_and_matches_fp32(options):
     m = _masked_attention()
-    converted, _ = convert_onnx(m, planner="all")
+    converted, _ = convert_onnx(m, **options)
     rng = np.random.default_rng(0)
     keep = rng.random((S, S)) < 0.7
     keep[3] = False  # a fully masked row: -inf fills would make it NaN
