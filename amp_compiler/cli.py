@@ -112,9 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runtime the model will be deployed on, whose kernel fusions and launch costs the cost "
                         "model prices (default: ort-cuda, ONNX Runtime's CUDA EP; tensorrt and inductor fuse casts "
                         "into neighbouring kernels)")
-    p.add_argument("--objective", default="time", choices=["time", "memory"],
-                   help="time: fastest predicted plan, near-ties (within 1%%) to the one with less memory "
-                        "(default); memory: least weight+activation memory, time breaks ties")
+    p.add_argument("--objective", default="time", choices=["time", "memory", "fastest"],
+                   help="time: fastest predicted plan, near-ties (within 1%% or 4 kernel launches) to the one "
+                        "with less memory (default); memory: least weight+activation memory, time breaks ties; "
+                        "fastest: the exact time minimum, never predicted slower than all-FP32")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dim for the cost model (repeatable); others use --default-dim")
     p.add_argument("--default-dim", type=_positive(int), default=8, metavar="N",

@@ -76,7 +76,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     whose activations exceed it (default: half of FP16's maximum).
     ``deploy``: the runtime the model will run on, whose fusions and launch costs the cost
     model prices (``cost_model/runtime.py``; default ``"ort-cuda"``, ONNX Runtime's CUDA EP).
-    ``objective``: ``"time"`` (near-ties go to the plan with less memory) or ``"memory"``.
+    ``objective``: ``"time"`` (near-ties go to the plan with less memory), ``"memory"`` or
+    ``"fastest"`` (the exact time minimum, no tie-break).
     ``base_dir``: for a ``ModelProto`` loaded without its external data
     (``onnx_io.files.load_model(path, external_data="lazy")``), the folder the data is
     in. Such tensors are read in chunks and never held whole; folded constants made

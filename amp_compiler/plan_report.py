@@ -114,7 +114,7 @@ def _plan_fields(result: PlanResult) -> dict[str, Any]:
     if costs is None:
         return {}
     return {"runtime_profile": costs.runtime_profile, "objective": costs.objective,
-            "fusion_groups": costs.fusion_groups, "fp32_tensor_core_why": costs.fp32_tensor_core_why}
+            "fusion_groups": costs.fusion_groups, "fp32_tensor_core_why": costs.fp32_tensor_core_why, "near_tie": costs.near_tie}
 
 
 def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:

@@ -241,8 +241,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
     remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
     ``convert_onnx``. ``deploy`` names the runtime profile the cost model prices (default:
-    ``inductor`` with ``backend="inductor"``, else ``eager``); ``objective`` ``"time"`` or
-    ``"memory"``. Raises one ``ConversionError`` naming the module and the construct when
+    ``inductor`` with ``backend="inductor"``, else ``eager``); ``objective`` ``"time"``,
+    ``"memory"`` or ``"fastest"`` (as for ``convert_onnx``). Raises one ``ConversionError`` naming the module and the construct when
     neither torch.export nor dynamo can capture the model.
     """
     if backend not in BACKENDS:

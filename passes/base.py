@@ -80,7 +80,7 @@ def snapshot(graph: PrecisionGraph, *fields: str) -> list:
 
 #: what the planner minimises first: predicted ``time`` (near-ties within ``TIE_TOLERANCE`` go to
 #: the plan with less memory) or ``memory`` (weights plus activations; time breaks ties)
-OBJECTIVES = ("time", "memory")
+OBJECTIVES = ("time", "memory", "fastest")
 
 #: planner names: ``optimal`` (min-cut over op and cast costs), ``greedy`` (TF-style painter),
 #: ``all`` (every op that may legally and safely take the low dtype does, whatever the cost)

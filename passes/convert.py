@@ -35,7 +35,7 @@ from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
-from .explain import fp32_tensor_core_why
+from .explain import fp32_tensor_core_why, near_tie_note
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
 
@@ -66,11 +66,15 @@ class ConvertPass(Pass):
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
             plan = solve_objective(energy, ctx.objective, TIE_LAUNCHES * timer.launch)
+            chosen = dict(plan)
         elif ctx.planner == "all":
             plan = {u: 1 for u in energy.unit_ops}
         else:
             raise ValueError(f"unknown planner {ctx.planner!r}: use one of {', '.join(PLANNERS)}")
         plan = pin_forced(graph, ctx, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
+        tie = ""
+        if ctx.planner == "optimal" and ctx.objective == "time" and plan == chosen:  # not a user's pin
+            tie = near_tie_note(energy, plan, TIE_LAUNCHES)
         _apply(graph, ctx, energy, plan)
         note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)
@@ -81,7 +85,7 @@ class ConvertPass(Pass):
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
                           f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
                           f"({ctx.planner}), {n_casts} casts planned",
-                          Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why))
+                          Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why, tie))
 
 
 def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:
@@ -93,17 +97,21 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
     ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
-    ``mu = tol / (M(all FP32) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
-    converting everything saves is worth the whole tolerance, a part of it pro rata), kept only
-    if its time is within ``T* + tol`` and it needs less memory; where that cut is slower, ``mu`` halves (at most ``_TIE_CUTS`` cuts); once one is within, ``mu``
+    ``mu = tol / (M(T*'s plan) - M(all low))`` (``tol = tie_tolerance(T*, floor_s)``: what
+    converting what the fastest plan leaves FP32 saves is worth the whole tolerance, a part of
+    it pro rata), kept only if its time is within ``T* + tol`` and it needs less memory; where
+    that cut is slower, ``mu`` halves (at most ``_TIE_CUTS`` cuts); once one is within, ``mu``
     doubles while the cut stays within and needs less memory (at most ``_TIE_CUTS`` more). A tie
     beyond the relative tolerance (spending the floor of launches) must also run more GEMM/conv
     FLOPs in the low dtype; else the relative tolerance alone is tried. So
     ``T(chosen) <= T* + tol <= T_fp32 + tol``.
     ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
+    ``fastest``: ``T*``'s plan, no tie-break (never predicted slower than all-FP32).
     """
     if not energy.unit_ops:
         return {}
+    if objective == "fastest":
+        return solve_mincut(energy)
     if objective == "memory":
         all32 = {u: 0 for u in energy.unit_ops}
         t32, m32 = energy.total(all32)[0], energy.memory(all32)
@@ -114,12 +122,15 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     if t_best <= 0:
         return best
     m_best = energy.memory(best)
-    m32, m_low = energy.memory({u: 0 for u in energy.unit_ops}), energy.memory({u: 1 for u in energy.unit_ops})
-    if m32 <= m_low:
+    m_low = energy.memory({u: 1 for u in energy.unit_ops})
+    if m_best <= m_low:
         return best
     relative = TIE_TOLERANCE * t_best
     for tol in dict.fromkeys((tie_tolerance(t_best, floor_s), relative)):
-        tie = _near_tie(energy, t_best, tol, tol / (m32 - m_low), m_best)
+        # what is left to save beyond the fastest plan is worth the whole tolerance: measured from
+        # all-FP32 instead, a plan already converting most of the model (a launch-bound decoder's
+        # blocks) priced its last GEMM (the LM head behind one output cast) at a fraction of it
+        tie = _near_tie(energy, t_best, tol, tol / (m_best - m_low), m_best, again=tol <= relative)
         # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
         # launch-bound model converting), not for storing FP32 work's weights low and casting them
         if tie is not None and (energy.total(tie)[0] <= t_best + relative
@@ -128,13 +139,21 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     return best
 
 
-def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: float) -> dict[int, int] | None:
-    """The cut of ``time + mu * memory`` (``mu`` halving while it is slower than ``t_best + tol``),
-    if it needs less memory than ``m_best``; else None."""
+def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: float,
+              again: bool = True) -> dict[int, int] | None:
+    """The cut of ``time + mu * memory`` (``mu`` halving while it is slower than ``t_best + tol``,
+    then doubling while it stays within: ``_spend_rest``), if it needs less memory than ``m_best``;
+    else None. With ``again``, a first cut that is the fastest plan again still doubles: the
+    pro-rata ``mu`` can fall just short of the price at which a group of weights pays for its
+    casts (a Mamba's projections around its FP32 scan, 0.9 % slower). Not when ``tol`` is the
+    floor of launches: there doubling would spend up to four launches on a toy graph of a few
+    kernels (1.7x slower) that the pro-rata price found not worth it."""
     for _ in range(_TIE_CUTS):
         tie = solve_mincut(energy, mem_weight=mu)
         if energy.total(tie)[0] <= t_best + tol:
-            return _spend_rest(energy, t_best + tol, mu, tie) if energy.memory(tie) < m_best else None
+            if again or energy.memory(tie) < m_best:
+                tie = _spend_rest(energy, t_best + tol, mu, tie)
+            return tie if energy.memory(tie) < m_best else None
         mu /= 2
     return None
 

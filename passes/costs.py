@@ -202,11 +202,17 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
 
 def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,
                    ends: list[Endpoint], low: str) -> None:
-    """A constant is stored once per dtype its readers want; a parameter stays FP32 (the master)."""
+    """A constant is stored once per dtype its readers want. A parameter (or a constant cast at run
+    time) keeps its stored copy, the master, whatever the plan; a reader in the other dtype
+    materialises a second copy by its cast (``docs/architecture.md``, "The objective"), priced
+    like a constant's copy: once if any reader wants it."""
     numel = graph.numel(t)
     b32, blow = float(numel * itemsize(FLOAT32)), float(numel * itemsize(low))
     if prod[0] != "free":
         energy.fixed_memory += graph.nbytes(t)
+        if prod[0] == "fixed" and any(e[0] == "var" for e in ends):
+            master_low = prod[1] == 1
+            energy.mem_terms.append(MemoryTerm(t.name, b32 if master_low else 0.0, 0.0 if master_low else blow, ends))
     elif all(e[0] == "fixed" for e in ends):
         used = {e[1] for e in ends}
         energy.fixed_memory += b32 * (0 in used) + blow * (1 in used)

@@ -1,6 +1,6 @@
 """Say why tensor-core work stayed FP32, with the numbers and what would change it.
 
-The report's summary carries the result as ``fp32_tensor_core_why`` (at most five lines,
+The report's summary carries the result as ``fp32_tensor_core_why`` (at most six lines,
 empty when every GEMM/conv FLOP runs in the low dtype); the terminal table prints it first.
 """
 
@@ -14,7 +14,7 @@ from amp_compiler.ir import PrecisionGraph
 from .base import PlanContext
 from .costs import OpTimer, PlanEnergy
 
-__all__ = ["fp32_tensor_core_why"]
+__all__ = ["fp32_tensor_core_why", "near_tie_note"]
 
 
 def _us(seconds: float) -> str:
@@ -41,11 +41,11 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
                      f"GEMM/conv FLOPs")
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
                      f"{-saved / 2 ** 20:+.2f} MiB")
-        needs = _casts_needed_by(graph, energy, flipped)
-        if needs:
-            lines.append(needs)
-        lines.append(f"would change it: --dim NAME=SIZE (symbolic dims sized {graph.default_dim()}), --deploy "
-                     "tensorrt|inductor (casts fuse), --objective memory")
+        lines += _casts_needed_by(graph, energy, flipped)
+        unsized = _unsized_dims(graph)
+        dims = (f"--dim NAME=SIZE ({len(unsized)} symbolic dims sized {graph.default_dim()}: "
+                f"{', '.join(unsized[:3])}{', …' if len(unsized) > 3 else ''}), " if unsized else "")
+        lines.append(f"would change it: {dims}--deploy tensorrt|inductor (casts fuse), --objective memory")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
     if ruled:
         flops = sum(timer.flops(op) for op in ruled)
@@ -55,11 +55,30 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     return "\n".join(lines)
 
 
-def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> str:
+def near_tie_note(energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:
+    """One line when ``plan`` is predicted slower than all-FP32: the near-tie the ``time``
+    objective took for memory (``docs/architecture.md``, "The objective"); "" otherwise."""
+    t32, t = energy.total({u: 0 for u in plan})[0], energy.total(plan)[0]
+    if t <= t32 or t32 <= 0:
+        return ""
+    return (f"{_us(t - t32)} ({(t - t32) / t32:.1%}) over FP32: a tie within 1% or {launches} launches for less memory "
+            "(--objective fastest: none)")
+
+
+def _unsized_dims(graph: PrecisionGraph) -> list[str]:
+    """Symbolic dims the cost model sized with the default (no ``--dim`` value, no example), sorted."""
+    sized = graph.dim_values()
+    return sorted({d for t in graph.tensors.values() if t.shape for d in t.shape
+                   if isinstance(d, str) and d not in sized})
+
+
+def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> list[str]:
     """What the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; by op type, the commonest first) and graph inputs/outputs
-    that keep their dtype; "" when no cast is charged."""
+    that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
+    first); no lines when no cast is charged."""
     borders: Counter = Counter()
+    held: dict[str, str] = {}  # bordering op -> why it stays FP32
     io = 0
     for term in energy.terms:
         if not energy.term_cost(term, plan):
@@ -69,12 +88,17 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
         if fixed:
             borders.update({op.op_type: 1 for op in fixed})
+            held.update({op.name: op.reason.split(": ", 1)[-1] for op in fixed})
         else:
             io += 1
     parts = [f"{n}x {kind}" for kind, n in borders.most_common(4)]
     if io:
         parts.append(f"{io} at graph inputs/outputs")
     if not parts:
-        return ""
-    return ("the casts border ops that stay FP32 whatever the plan: " if borders else "the casts are at ") \
-        + ", ".join(parts)
+        return []
+    lines = [("the casts border ops that stay FP32 whatever the plan: " if borders else "the casts are at ")
+             + ", ".join(parts)]
+    reasons = Counter(held.values()).most_common(2)
+    if reasons:
+        lines.append("held FP32 by: " + "; ".join(f"{why} ({n} ops)" for why, n in reasons))
+    return lines

@@ -40,8 +40,8 @@ class Prediction:
 @dataclass(frozen=True)
 class Costs:
     """The convert pass's product: the prediction, the op timer that priced it (per-op costs), the
-    runtime profile and fusion groups it priced for, the objective, and why tensor-core work
-    stayed FP32 (lines for the report's top; empty when none did)."""
+    runtime profile and fusion groups it priced for, the objective, why tensor-core work
+    stayed FP32 (lines for the report's top; empty when none did) and the near-tie taken, if any."""
 
     prediction: Prediction
     timer: OpTimer
@@ -49,6 +49,7 @@ class Costs:
     fusion_groups: int = 0
     objective: str = "time"
     fp32_tensor_core_why: str = ""
+    near_tie: str = ""  # why the plan is predicted slower than all-FP32 (the objective's tie), or ""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ def test_weighted_cut_is_the_exact_minimum_of_time_plus_memory(seed):
     assert energy.memory(chosen) <= energy.memory(solve_mincut(energy)) * (1 + 1e-9)
     m_best = min(energy.memory(p) for p in plans)
     assert energy.memory(solve_objective(energy, "memory")) == pytest.approx(m_best, rel=1e-3)
+    fastest = energy.total(solve_objective(energy, "fastest", floor))[0]
+    assert fastest == pytest.approx(t_best, rel=1e-9) and fastest <= t32 * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("slower, taken", [(1.004, True), (1.02, False)])
@@ -94,6 +96,14 @@ def test_launch_bound_mlp_ties_to_half_the_weights():
     assert t32 < s["predicted_time_mixed_s"] <= t32 + TIE_LAUNCHES * launch
     assert s["predicted_memory_weights_mixed_bytes"] * 2 == s["predicted_memory_weights_fp32_bytes"]
     assert s["predicted_memory_mixed_bytes"] < 0.7 * s["predicted_memory_fp32_bytes"]  # the casts' copies count
+    # the report says the plan is a tie, slower than FP32, and what keeps the fastest plan
+    assert s["near_tie"].startswith(f"+{(s['predicted_time_mixed_s'] - t32) * 1e6:.1f} µs")
+    assert "--objective fastest" in s["near_tie"]
+    assert any(line.strip().startswith("near tie") for line in report.to_text().splitlines())
+    _, fastest = plan(_mlp(64, 128), runtime="eager", objective="fastest")
+    f = fastest.summary
+    assert f["predicted_time_mixed_s"] <= f["predicted_time_fp32_s"] and not f["near_tie"]
+    assert f["fp16_gemm_flop_fraction"] == 0.0 and "FP32 by cost (eager)" in f["fp32_tensor_core_why"]
 
 
 @pytest.mark.parametrize("tensor_core", [True, False])
@@ -110,6 +120,19 @@ def test_launch_floor_is_spent_only_on_converting_gemm_work(tensor_core):
     assert solve_objective(energy, "time") == {0: 0, 1: 0}  # no floor: 30 % is no tie
 
 
+def test_tie_prices_memory_against_what_the_fastest_plan_leaves():
+    """Unit 0 (the blocks, 4 MB saved) is faster in FP16; unit 1 (an LM head behind one output
+    cast, 64 kB saved) is one launch slower: within the 16 µs floor, so it ties and converts. Its
+    memory was priced against all of FP32's (mu = tol / 4 MB) and it stayed FP32."""
+    from passes.costs import PlanEnergy
+
+    energy = PlanEnergy({0: ["blocks"], 1: ["lm_head"]}, {0: 100e-6, 1: 5e-6}, {0: 90e-6, 1: 9e-6}, 0.0, [],
+                        act_fp32={0: 8e6, 1: 128e3}, act_low={0: 4e6, 1: 64e3}, tc_flops={0: 1e9, 1: 1e7})
+    assert solve_mincut(energy) == {0: 1, 1: 0}
+    assert solve_objective(energy, "time", floor_s=16e-6) == {0: 1, 1: 1}
+    assert solve_objective(energy, "time") == {0: 1, 1: 0}  # 4 µs is no 1 % tie of 94 µs
+
+
 def test_tie_spends_the_tolerance_a_pro_rata_price_leaves():
     """Three GEMM units, each 3 µs slower in FP16 (9 µs together, within a 16 µs floor). Priced
     pro rata (mu = 16 µs / 1.2 MB) only the one saving 1 MB converted; mu doubling converts the
@@ -123,3 +146,52 @@ def test_tie_spends_the_tolerance_a_pro_rata_price_leaves():
     chosen = solve_objective(energy, "time", floor_s=16e-6)
     assert chosen == {0: 1, 1: 1, 2: 1}
     assert energy.total(chosen)[0] <= energy.total({u: 0 for u in units})[0] + 16e-6
+
+
+def test_tie_doubles_mu_when_the_pro_rata_cut_is_the_fastest_plan_again():
+    """A 2 ms model (1 % = 20 µs). Unit 0 (projections: 1 MB saved, 12 µs of casts) is worth
+    10 µs at the pro-rata price (20 µs / 2 MB), so the first weighted cut is the all-FP32 fastest
+    plan again; doubling mu converts it (12 µs is within 1 %). Unit 1 (a scan: 1 MB for 100 µs)
+    stays FP32. Giving up at the first cut left a Mamba 0 % FP16. Within the floor of launches
+    alone (a 200 µs model), the pro-rata price is the last word."""
+    from passes.costs import PlanEnergy
+
+    def energy(t_model: float) -> PlanEnergy:
+        return PlanEnergy({0: ["proj"], 1: ["scan"]}, {0: 100e-6, 1: 100e-6}, {0: 112e-6, 1: 200e-6},
+                          t_model - 200e-6, [], act_fp32={0: 2e6, 1: 2e6}, act_low={0: 1e6, 1: 1e6},
+                          tc_flops={0: 1e9, 1: 1e6})
+
+    big = energy(2e-3)
+    assert solve_mincut(big) == {0: 0, 1: 0}
+    assert solve_mincut(big, mem_weight=20e-6 / 2e6) == {0: 0, 1: 0}
+    assert solve_objective(big, "time", floor_s=16e-6) == {0: 1, 1: 0}
+    assert solve_objective(energy(200e-6), "time", floor_s=16e-6) == {0: 0, 1: 0}
+
+
+def test_a_parameter_read_low_adds_its_low_copy_to_memory():
+    """A constant is stored in the dtype its reader uses; a parameter keeps its FP32 master
+    whatever the plan, and a reader in FP16 adds the low copy its cast materialises."""
+    from onnx import helper
+
+    from amp_compiler.ir import PARAMETER
+    from tests.builders import fin, model, weight
+
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [fin("x", 4, 256)], [fin("y", 4, 512)],
+              [weight("w", 256, 512)])
+
+    def memory(kind: str | None) -> tuple[float, float]:
+        graph = import_model(m, default_dim=8).graph
+        if kind:
+            graph.tensors["w"].kind = kind
+        ctx = make_context(runtime="eager")
+        for p in (ClassifyPass(), PropagatePass()):
+            p(graph, ctx)
+        energy = build_energy(graph, ctx, OpTimer(graph, ctx))
+        (u,) = energy.unit_ops
+        return energy.memory({u: 0}), energy.memory({u: 1})
+
+    const32, const_low = memory(None)
+    param32, param_low = memory(PARAMETER)
+    assert param32 == const32
+    assert param_low - const_low == 256 * 512 * 4  # the master beside the low copy
+    assert param_low > param32 > const_low

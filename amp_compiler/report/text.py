@@ -55,6 +55,8 @@ def render_text(report, max_rows: int | None = 60) -> str:
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
     rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
                              f"{fmt_speedup(vs_fp16)} of all-FP16"))
+    if s.get("near_tie"):  # the plan is predicted slower than FP32: say it is the objective's tie
+        rows.append(("near tie", clean(s["near_tie"])))
     unknown = s.get("unknown_ops")
     if unknown:
         names = unknown if isinstance(unknown, list) else [unknown]
