@@ -138,13 +138,14 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             units[op.name] = uid
             op.unit = uid
             energy.unit_ops[uid] = [op.name]
-            energy.time_fp32[uid], energy.time_low[uid] = timer.times(op, (FLOAT32, low))
-            energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
+            (energy.time_fp32[uid], energy.time_low[uid]), (energy.act_fp32[uid], energy.act_low[uid]) = \
+                timer.costs(op, (FLOAT32, low))
             energy.tc_flops[uid] = timer.flops(op) if op.tensor_core else 0.0
         else:
             op.unit = None
-            energy.fixed_time += timer.time(op, op.precision or FLOAT32)
-            energy.fixed_memory += timer.output_bytes(op, op.precision or FLOAT32)
+            (seconds,), (held,) = timer.costs(op, (op.precision or FLOAT32,))
+            energy.fixed_time += seconds
+            energy.fixed_memory += held
 
     def code(dtype: str | None) -> int:
         return 1 if dtype == low else 0
