@@ -155,67 +155,89 @@ def _spend_rest(energy: PlanEnergy, bound: float, mu: float, tie: dict[int, int]
 
 def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
     """Exact minimum of ``time_weight * time + mem_weight * memory`` by one s-t minimum cut
-    (``maxflow``); every term is submodular, so the cut is exact."""
+    (``maxflow``); every term is submodular, so the cut is exact. The edges are laid out once per
+    energy (``_CutEdges``); each cut only weighs their capacities."""
     if not energy.unit_ops:
         return {}
-    units = list(energy.unit_ops)
-    index = {u: i + 2 for i, u in enumerate(units)}  # 0 = source (FP32 side), 1 = sink (low side)
-    mem_terms = energy.mem_terms if mem_weight > 0 else []
-    n_choose = sum(1 for t in energy.terms if t.producer[0] == "choose")
-    n_nodes = 2 + len(units) + 2 * len(energy.terms) + 2 * len(mem_terms) + n_choose
-    rows: list[int] = []
-    cols: list[int] = []
-    caps: list[float] = []
-    inf = -1.0  # placeholder, replaced by a capacity larger than any finite cut
+    with_memory = mem_weight > 0
+    edges = energy.cut_edges.get(with_memory)
+    if edges is None:
+        edges = energy.cut_edges[with_memory] = _CutEdges(energy, with_memory)
+    caps = time_weight * edges.per_time + mem_weight * edges.per_memory  # as ``tw * t + mw * m`` per edge
+    caps[edges.infinite] = -1.0  # maxflow's "infinite"
+    keep = np.flatnonzero(caps != 0)  # zero edges are left out, the others keep their order
+    source_side = _min_cut_source_side(edges.n_nodes, edges.rows[keep], edges.cols[keep], caps[keep])
+    n = len(energy.unit_ops)
+    return dict(zip(energy.unit_ops, np.where(source_side[2:2 + n], 0, 1).tolist()))
 
-    def add(a: int, b: int, cap: float) -> None:
-        if cap != 0:
+
+class _CutEdges:
+    """The s-t graph of an energy (``solve_mincut``), capacities left as ``tw * per_time +
+    mw * per_memory`` (``infinite`` edges apart).
+
+    Units are nodes 2.. in order (0 = source, FP32 side; 1 = sink, low side). A tensor's cast is
+    charged once per producer output with two auxiliary nodes: ``a`` pays when the producer is
+    FP32 and some consumer low (p->a, a->c = inf), ``b`` when the producer is low and some
+    consumer FP32 (b->p, c->b = inf); fixed endpoints tie them to the source or sink. With
+    ``with_memory`` each weight read by units adds two nodes the same way (bytes_low when some
+    reader is low, bytes_fp32 when some reader is FP32), numbered before the cast nodes.
+    """
+
+    def __init__(self, energy: PlanEnergy, with_memory: bool) -> None:
+        units = list(energy.unit_ops)
+        index = {u: i + 2 for i, u in enumerate(units)}
+        rows: list[int] = []
+        cols: list[int] = []
+        per_time: list[float] = []
+        per_memory: list[float] = []
+        infinite: list[bool] = []
+
+        def add(a: int, b: int, t: float, m: float, inf: bool = False) -> None:
             rows.append(a)
             cols.append(b)
-            caps.append(cap)
+            per_time.append(t)
+            per_memory.append(m)
+            infinite.append(inf)
 
-    tw, mw = time_weight, mem_weight
-    for u in units:
-        add(_SOURCE, index[u], tw * energy.time_low[u] + mw * energy.act_low[u])
-        add(index[u], _SINK, tw * energy.time_fp32[u] + mw * energy.act_fp32[u])
-    aux = 2 + len(units)
-    for m in mem_terms:  # mw * (bytes_low * [some reader low] + bytes_fp32 * [some reader FP32])
-        a, b = aux, aux + 1
-        aux += 2
-        add(_SOURCE, a, mw * m.bytes_low)
-        add(b, _SINK, mw * m.bytes_fp32)
-        for ckind, cv in m.consumers:
-            if ckind == "var":
-                add(a, index[cv], inf)
-                add(index[cv], b, inf)
-            elif cv == 1:
-                add(a, _SINK, inf)
+        def tie(a: int, b: int, consumers) -> None:  # readers pull ``a`` low / ``b`` FP32 with them
+            for ckind, cv in consumers:
+                if ckind == "var":
+                    add(a, index[cv], 0.0, 0.0, True)
+                    add(index[cv], b, 0.0, 0.0, True)
+                elif cv == 1:
+                    add(a, _SINK, 0.0, 0.0, True)  # a consumer fixed low: ``a`` takes the low side
+                else:
+                    add(_SOURCE, b, 0.0, 0.0, True)  # a consumer fixed FP32: ``b`` takes the FP32 side
+
+        for u in units:
+            add(_SOURCE, index[u], energy.time_low[u], energy.act_low[u])
+            add(index[u], _SINK, energy.time_fp32[u], energy.act_fp32[u])
+        aux = 2 + len(units)
+        for m in energy.mem_terms if with_memory else ():
+            a, b = aux, aux + 1
+            aux += 2
+            add(_SOURCE, a, 0.0, m.bytes_low)
+            add(b, _SINK, 0.0, m.bytes_fp32)
+            tie(a, b, m.consumers)
+        for term in energy.terms:
+            a, b = aux, aux + 1
+            aux += 2
+            kind, p = term.producer
+            c = term.cast_cost
+            if kind in ("var", "choose"):
+                node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
+                aux += kind == "choose"
+                add(node, a, c, 0.0)  # producer FP32, some consumer low
+                add(b, node, c, 0.0)  # producer low, some consumer FP32
+            elif p == 0:
+                add(_SOURCE, a, c, 0.0)
             else:
-                add(_SOURCE, b, inf)
-    for term in energy.terms:
-        a, b = aux, aux + 1
-        aux += 2
-        kind, p = term.producer
-        c = tw * term.cast_cost
-        if kind in ("var", "choose"):
-            node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
-            aux += kind == "choose"
-            add(node, a, c)  # producer FP32, some consumer low
-            add(b, node, c)  # producer low, some consumer FP32
-        elif p == 0:
-            add(_SOURCE, a, c)
-        else:
-            add(b, _SINK, c)
-        for ckind, cv in term.consumers:
-            if ckind == "var":
-                add(a, index[cv], inf)
-                add(index[cv], b, inf)
-            elif cv == 1:
-                add(a, _SINK, inf)  # a consumer fixed low: ``a`` takes the low side
-            else:
-                add(_SOURCE, b, inf)  # a consumer fixed FP32: ``b`` takes the FP32 side
-    source_side = _min_cut_source_side(n_nodes, rows, cols, caps)
-    return {u: 0 if source_side[index[u]] else 1 for u in units}
+                add(b, _SINK, c, 0.0)
+            tie(a, b, term.consumers)
+        self.n_nodes = aux
+        self.rows, self.cols = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+        self.per_time, self.per_memory = np.array(per_time), np.array(per_memory)
+        self.infinite = np.array(infinite, dtype=bool)
 
 
 def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:

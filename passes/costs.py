@@ -63,6 +63,9 @@ class PlanEnergy:
     tc_flops: dict[int, float] = field(default_factory=dict)  # a unit's tensor-core FLOPs (GEMM/conv work)
     low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
     fixed_memory: float = 0.0  # weights and outputs of ops whose dtype no plan changes
+    #: the min-cut's edges, built on the first cut (``convert.solve_mincut``): an energy is not
+    #: changed once built (``replace`` makes a new one, with an empty cache)
+    cut_edges: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
