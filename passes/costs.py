@@ -150,37 +150,37 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.fixed_time += seconds
             energy.fixed_memory += held
 
-    def code(dtype: str | None) -> int:
-        return 1 if dtype == low else 0
+    fixed = (("fixed", 0), ("fixed", 1))  # the endpoints of a fixed FP32 / low dtype, made once
 
     def producer_end(t: Tensor) -> Endpoint:
         if t.producer is not None:
             op = graph.ops[t.producer]
             role = op.output_roles[t.producer_port] if op.output_roles else FIXED
             if role == UNIT:
-                return ("var", units[op.name]) if op.name in units else ("fixed", code(op.precision))
-            return ("fixed", code(t.dtype))
+                return ("var", units[op.name]) if op.name in units else fixed[op.precision == low]
+            return fixed[t.dtype == low]
         # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
         if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
             return ("choose", None)
-        return ("fixed", code(t.dtype))
+        return fixed[t.dtype == low]
 
     ops = graph.ops
+    absorbed = timer.absorbed_read if timer.groups.norms else None  # no fused RMSNorm: no read absorbed
     for t in graph.tensors.values():
         if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
             continue
-        own = ("fixed", code(t.dtype))  # the tensor's dtype is float: any role but unit/any keeps it
+        own = fixed[t.dtype == low]  # the tensor's dtype is float: any role but unit/any keeps it
         ends: list[Endpoint] = []
         for cname, port in t.consumers:
-            if timer.absorbed_read(t, cname):
+            if absorbed is not None and absorbed(t, cname):
                 continue  # a fused RMSNorm reads it as stored: no cast (cost_model/norm_pattern.py)
             op = ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
                 uid = units.get(cname)
-                ends.append(("var", uid) if uid is not None else ("fixed", code(op.precision)))
+                ends.append(("var", uid) if uid is not None else fixed[op.precision == low])
             elif role != ANY:
                 ends.append(own)
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
