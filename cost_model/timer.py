@@ -177,9 +177,11 @@ class OpTimer:
         attrs = _attrs_key(op.attrs)
         if attrs is None:
             return None
-        graph, tensors, same = self.graph, self.graph.tensors, groups.same_group
+        tensors, concrete, internal = self.graph.tensors, self.graph.concrete_dims, self.internal
         row = self._row(op)
         asks = row is None or row.traffic != ALIAS  # ``op_bytes_each`` asks nothing of a view's ports
+        group_of = groups.group_of
+        mine = group_of.get(op.name, -2)  # ``groups.same_group(producer, op)``, the op's side looked up once
         key: list = [op.canonical, op.tensor_core, op.name in self._leaders, attrs,
                      tuple(op.input_roles), tuple(op.output_roles)]
         for names, n_roles, read in ((op.inputs, len(op.input_roles), True),
@@ -191,8 +193,13 @@ class OpTimer:
                     continue
                 t = tensors[name]
                 # ``_boundary_bytes_each``' question, asked of the same ports (it caches the answer)
-                inside = asks and i < n_roles and (same(t.producer, op.name) if read else self.internal(t))
-                key.append((t.dtype, graph.concrete_dims(t), inside))
+                if not asks or i >= n_roles:
+                    inside = False
+                elif read:
+                    inside = t.producer is not None and group_of.get(t.producer, -1) == mine
+                else:
+                    inside = internal(t)
+                key.append((t.dtype, concrete(t), inside))
         return tuple(key)
 
     def aligned(self, op: Op, dtype: str) -> bool:

@@ -159,14 +159,14 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
     energy (``_CutEdges``); each cut only weighs their capacities."""
     if not energy.unit_ops:
         return {}
-    with_memory = mem_weight > 0
-    edges = energy.cut_edges.get(with_memory)
+    edges = energy.cut_edges.get("edges")
     if edges is None:
-        edges = energy.cut_edges[with_memory] = _CutEdges(energy, with_memory)
-    caps = time_weight * edges.per_time + mem_weight * edges.per_memory  # as ``tw * t + mw * m`` per edge
-    caps[edges.infinite] = -1.0  # maxflow's "infinite"
+        edges = energy.cut_edges["edges"] = _CutEdges(energy)
+    n_nodes, rows, cols, per_time, per_memory, infinite = edges.layout(mem_weight > 0)
+    caps = time_weight * per_time + mem_weight * per_memory  # as ``tw * t + mw * m`` per edge
+    caps[infinite] = -1.0  # maxflow's "infinite"
     keep = np.flatnonzero(caps != 0)  # zero edges are left out, the others keep their order
-    source_side = _min_cut_source_side(edges.n_nodes, edges.rows[keep], edges.cols[keep], caps[keep])
+    source_side = _min_cut_source_side(n_nodes, rows[keep], cols[keep], caps[keep])
     n = len(energy.unit_ops)
     return dict(zip(energy.unit_ops, np.where(source_side[2:2 + n], 0, 1).tolist()))
 
@@ -178,66 +178,107 @@ class _CutEdges:
     Units are nodes 2.. in order (0 = source, FP32 side; 1 = sink, low side). A tensor's cast is
     charged once per producer output with two auxiliary nodes: ``a`` pays when the producer is
     FP32 and some consumer low (p->a, a->c = inf), ``b`` when the producer is low and some
-    consumer FP32 (b->p, c->b = inf); fixed endpoints tie them to the source or sink. With
-    ``with_memory`` each weight read by units adds two nodes the same way (bytes_low when some
-    reader is low, bytes_fp32 when some reader is FP32), numbered before the cast nodes.
+    consumer FP32 (b->p, c->b = inf); fixed endpoints tie them to the source or sink. With the
+    memory objective each weight read by units adds two nodes the same way (bytes_low when some
+    reader is low, bytes_fp32 when some reader is FP32), numbered before the cast nodes. The three
+    blocks (units, weights, casts) are built once; a layout with or without the weights joins them.
     """
 
-    def __init__(self, energy: PlanEnergy, with_memory: bool) -> None:
-        units = list(energy.unit_ops)
-        index = {u: i + 2 for i, u in enumerate(units)}
-        rows: list[int] = []
-        cols: list[int] = []
-        per_time: list[float] = []
-        per_memory: list[float] = []
-        infinite: list[bool] = []
+    def __init__(self, energy: PlanEnergy) -> None:
+        self.index = {u: i + 2 for i, u in enumerate(energy.unit_ops)}
+        units = _EdgeBlock()
+        for u, node in self.index.items():
+            units.add(_SOURCE, node, energy.time_low[u], energy.act_low[u])
+            units.add(node, _SINK, energy.time_fp32[u], energy.act_fp32[u])
+        self.units = units.arrays()
+        self.casts = self._casts(energy.terms)
+        self._mem_terms = energy.mem_terms  # laid out only for a memory-weighted cut (pin_forced's
+        self._layouts: dict[bool, tuple] = {}  # energy pins the terms, not the weights)
 
-        def add(a: int, b: int, t: float, m: float, inf: bool = False) -> None:
-            rows.append(a)
-            cols.append(b)
-            per_time.append(t)
-            per_memory.append(m)
-            infinite.append(inf)
+    def layout(self, with_memory: bool) -> tuple:
+        """(nodes, rows, cols, per_time, per_memory, infinite) of the graph with or without the weights."""
+        found = self._layouts.get(with_memory)
+        if found is None:
+            weights = [self._weights(self._mem_terms)] if with_memory else []
+            blocks = [self.units, *weights, self.casts]
+            first = 2 + len(self.index)  # the blocks' auxiliary nodes are numbered on from here, in turn
+            parts = []
+            for rows, cols, per_time, per_memory, infinite, n_aux in blocks:
+                parts.append((_absolute(rows, first), _absolute(cols, first), per_time, per_memory, infinite))
+                first += n_aux
+            found = self._layouts[with_memory] = (first, *(np.concatenate(p) for p in zip(*parts)))
+        return found
 
-        def tie(a: int, b: int, consumers) -> None:  # readers pull ``a`` low / ``b`` FP32 with them
-            for ckind, cv in consumers:
-                if ckind == "var":
-                    add(a, index[cv], 0.0, 0.0, True)
-                    add(index[cv], b, 0.0, 0.0, True)
-                elif cv == 1:
-                    add(a, _SINK, 0.0, 0.0, True)  # a consumer fixed low: ``a`` takes the low side
-                else:
-                    add(_SOURCE, b, 0.0, 0.0, True)  # a consumer fixed FP32: ``b`` takes the FP32 side
+    def _tie(self, block: _EdgeBlock, a: int, b: int, consumers) -> None:
+        """Readers pull ``a`` to the low side and ``b`` to the FP32 side with them."""
+        index = self.index
+        for ckind, cv in consumers:
+            if ckind == "var":
+                block.add(a, index[cv], 0.0, 0.0, True)
+                block.add(index[cv], b, 0.0, 0.0, True)
+            elif cv == 1:
+                block.add(a, _SINK, 0.0, 0.0, True)  # a consumer fixed low: ``a`` takes the low side
+            else:
+                block.add(_SOURCE, b, 0.0, 0.0, True)  # a consumer fixed FP32: ``b`` takes the FP32 side
 
-        for u in units:
-            add(_SOURCE, index[u], energy.time_low[u], energy.act_low[u])
-            add(index[u], _SINK, energy.time_fp32[u], energy.act_fp32[u])
-        aux = 2 + len(units)
-        for m in energy.mem_terms if with_memory else ():
-            a, b = aux, aux + 1
-            aux += 2
-            add(_SOURCE, a, 0.0, m.bytes_low)
-            add(b, _SINK, 0.0, m.bytes_fp32)
-            tie(a, b, m.consumers)
-        for term in energy.terms:
-            a, b = aux, aux + 1
-            aux += 2
+    def _weights(self, mem_terms) -> tuple:
+        block = _EdgeBlock()
+        for m in mem_terms:  # bytes_low * [some reader low] + bytes_fp32 * [some reader FP32]
+            a, b = block.aux(), block.aux()
+            block.add(_SOURCE, a, 0.0, m.bytes_low)
+            block.add(b, _SINK, 0.0, m.bytes_fp32)
+            self._tie(block, a, b, m.consumers)
+        return block.arrays()
+
+    def _casts(self, terms) -> tuple:
+        block = _EdgeBlock()
+        for term in terms:
+            a, b = block.aux(), block.aux()
             kind, p = term.producer
             c = term.cast_cost
             if kind in ("var", "choose"):
-                node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
-                aux += kind == "choose"
-                add(node, a, c, 0.0)  # producer FP32, some consumer low
-                add(b, node, c, 0.0)  # producer low, some consumer FP32
+                node = self.index[p] if kind == "var" else block.aux()  # "choose": a free node, no unary cost
+                block.add(node, a, c, 0.0)  # producer FP32, some consumer low
+                block.add(b, node, c, 0.0)  # producer low, some consumer FP32
             elif p == 0:
-                add(_SOURCE, a, c, 0.0)
+                block.add(_SOURCE, a, c, 0.0)
             else:
-                add(b, _SINK, c, 0.0)
-            tie(a, b, term.consumers)
-        self.n_nodes = aux
-        self.rows, self.cols = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
-        self.per_time, self.per_memory = np.array(per_time), np.array(per_memory)
-        self.infinite = np.array(infinite, dtype=bool)
+                block.add(b, _SINK, c, 0.0)
+            self._tie(block, a, b, term.consumers)
+        return block.arrays()
+
+
+class _EdgeBlock:
+    """Edges being listed; auxiliary nodes are numbered within the block as ``~k`` (-1, -2, ...)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.per_time: list[float] = []
+        self.per_memory: list[float] = []
+        self.infinite: list[bool] = []
+        self.n_aux = 0
+
+    def aux(self) -> int:
+        self.n_aux += 1
+        return ~(self.n_aux - 1)
+
+    def add(self, a: int, b: int, t: float, m: float, inf: bool = False) -> None:
+        self.rows.append(a)
+        self.cols.append(b)
+        self.per_time.append(t)
+        self.per_memory.append(m)
+        self.infinite.append(inf)
+
+    def arrays(self) -> tuple:
+        return (np.array(self.rows, dtype=np.int64), np.array(self.cols, dtype=np.int64),
+                np.array(self.per_time, dtype=np.float64), np.array(self.per_memory, dtype=np.float64),
+                np.array(self.infinite, dtype=bool), self.n_aux)
+
+
+def _absolute(nodes: np.ndarray, first: int) -> np.ndarray:
+    """A block's node ids with its auxiliary ones (``~k``) numbered from ``first``."""
+    return np.where(nodes < 0, first + ~nodes, nodes)
 
 
 def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:
