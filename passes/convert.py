@@ -159,9 +159,9 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
     energy (``_CutEdges``); each cut only weighs their capacities."""
     if not energy.unit_ops:
         return {}
-    edges = energy.cut_edges.get("edges")
+    edges = energy.derived.get("edges")
     if edges is None:
-        edges = energy.cut_edges["edges"] = _CutEdges(energy)
+        edges = energy.derived["edges"] = _CutEdges(energy)
     n_nodes, rows, cols, per_time, per_memory, infinite = edges.layout(mem_weight > 0)
     caps = time_weight * per_time + mem_weight * per_memory  # as ``tw * t + mw * m`` per edge
     caps[infinite] = -1.0  # maxflow's "infinite"

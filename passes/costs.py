@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from amp_compiler.dtypes import FLOAT32, itemsize
 from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
@@ -63,9 +65,10 @@ class PlanEnergy:
     tc_flops: dict[int, float] = field(default_factory=dict)  # a unit's tensor-core FLOPs (GEMM/conv work)
     low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
     fixed_memory: float = 0.0  # weights and outputs of ops whose dtype no plan changes
-    #: the min-cut's edges, built on the first cut (``convert.solve_mincut``): an energy is not
-    #: changed once built (``replace`` makes a new one, with an empty cache)
-    cut_edges: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: arrays derived from the terms on first use (the min-cut's edges, ``convert.solve_mincut``;
+    #: the cast table, ``total``): an energy is not changed once built (``replace`` makes a new
+    #: one, with an empty cache)
+    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -94,7 +97,10 @@ class PlanEnergy:
     def total(self, plan: dict[int, int]) -> tuple[float, int, float]:
         """(predicted time, number of casts, cast seconds) of ``plan``."""
         ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
-        casts = [self.term_cost(t, plan) for t in self.terms]
+        table = self.derived.get("casts")
+        if table is None:
+            table = self.derived["casts"] = _CastTable(self.terms)
+        casts = table.costs(plan)  # ``[term_cost(t, plan) for t in terms]``, the same floats
         cast_time = sum(casts)
         return ops + cast_time, sum(1 for c in casts if c), cast_time
 
@@ -126,6 +132,63 @@ class PlanEnergy:
             plan[unit] = 1 - plan[unit]
         d_op = (self.time_low[unit] - self.time_fp32[unit]) * (-1 if plan[unit] else 1)
         return d_op, after - before
+
+
+class _CastTable:
+    """The terms' endpoints as arrays, to price every term of a plan at once (``PlanEnergy.total``
+    prices several plans of one energy: the optimum, near-ties, all FP32, all low).
+
+    Per term: its cast cost and producer (a unit, a fixed value, or none for a free constant and
+    for a chosen graph input); per endpoint read as a value (units and fixed dtypes), its term,
+    unit and fixed value. A term pays its cast when a consumer's value differs from the
+    producer's, or for a chosen input, when its consumers use both dtypes (``term_cost``).
+    """
+
+    def __init__(self, terms: list[TensorTerm]) -> None:
+        n = len(terms)
+        self.cost = np.array([t.cast_cost for t in terms], dtype=np.float64)
+        producer_unit, producer_value = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.priced = np.zeros(n, dtype=bool)  # producer is a unit or a fixed dtype
+        self.choose = np.zeros(n, dtype=bool)
+        term_of: list[int] = []
+        unit_of: list[int] = []
+        value_of: list[int] = []
+        for i, t in enumerate(terms):
+            kind, v = t.producer
+            if kind == "var":
+                producer_unit[i], self.priced[i] = v, True
+            elif kind == "fixed":
+                producer_value[i], self.priced[i] = v, True
+            elif kind == "choose":
+                self.choose[i] = True
+            for ckind, cv in t.consumers:
+                if ckind == "var" or ckind == "fixed":
+                    term_of.append(i)
+                    unit_of.append(cv if ckind == "var" else -1)
+                    value_of.append(cv if ckind == "fixed" else 0)
+        self.n = n
+        self.producer_unit, self.producer_value = producer_unit, producer_value
+        self.term_of = np.array(term_of, dtype=np.int64)
+        self.unit_of, self.value_of = np.array(unit_of, dtype=np.int64), np.array(value_of, dtype=np.int64)
+        units = np.concatenate([producer_unit, self.unit_of])
+        self.n_units = int(units.max()) + 1 if units.size else 0
+
+    def costs(self, plan: dict[int, int]) -> list[float]:
+        """Each term's cast seconds under ``plan`` (0.0 where no cast is needed), in term order."""
+        if not self.n:
+            return []
+        values = np.zeros(max(self.n_units, 1), dtype=np.int64)
+        if plan:
+            keys = np.fromiter(plan.keys(), dtype=np.int64, count=len(plan))
+            inside = keys < values.size
+            values[keys[inside]] = np.fromiter(plan.values(), dtype=np.int64, count=len(plan))[inside]
+        source = np.where(self.producer_unit >= 0, values[self.producer_unit], self.producer_value)
+        read = np.where(self.unit_of >= 0, values[self.unit_of], self.value_of)
+        differs = np.bincount(self.term_of, weights=read != source[self.term_of], minlength=self.n) > 0
+        low = np.bincount(self.term_of, weights=read == 1, minlength=self.n) > 0
+        fp32 = np.bincount(self.term_of, weights=read == 0, minlength=self.n) > 0
+        paid = np.where(self.choose, low & fp32, self.priced & differs)
+        return np.where(paid, self.cost, 0.0).tolist()
 
 
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
