@@ -98,9 +98,11 @@ class PlanEnergy:
         """(predicted time, number of casts, cast seconds) of ``plan``."""
         ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
         table = self.derived.get("casts")
-        if table is None:
+        if table is None and self.derived.setdefault("totals", 0):  # worth its arrays from the second plan on
             table = self.derived["casts"] = _CastTable(self.terms)
-        casts = table.costs(plan)  # ``[term_cost(t, plan) for t in terms]``, the same floats
+        self.derived["totals"] += 1
+        # ``table.costs``: ``[term_cost(t, plan) for t in terms]``, the same floats
+        casts = [self.term_cost(t, plan) for t in self.terms] if table is None else table.costs(plan)
         cast_time = sum(casts)
         return ops + cast_time, sum(1 for c in casts if c), cast_time
 
