@@ -296,6 +296,13 @@ class PrecisionGraph:
             memo = self._sizes(t)
         return memo[2] * size
 
+    def concrete_dims(self, t: Tensor) -> tuple[int, ...] | None:
+        """``t``'s resolved shape as the memoised tuple (no copy: a hashable key), or None when unknown."""
+        memo = t.size_memo
+        if memo is None or memo[0] is not t.shape or memo[1] is not self._dims_token:
+            memo = self._sizes(t)
+        return memo[3]
+
     def concrete_shape(self, tensor: str) -> list[int] | None:
         """The tensor's shape with symbolic dims resolved, or None when unknown."""
         concrete = self._sizes(self.tensors[tensor])[3]

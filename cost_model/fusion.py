@@ -118,13 +118,14 @@ def form_groups(graph: PrecisionGraph, runtime: RuntimeProfile, registry, rsqrt_
 def _dissolve_unanchored(graph: PrecisionGraph, groups: FusionGroups, kind: dict[str, str], anchors) -> None:
     """A pattern fuser fuses pointwise ops only around an anchor (an activation): split the
     pointwise-only groups without one back into one kernel per op."""
+    new = max(groups.members, default=-1)  # ids handed out from here (no max() per split: quadratic)
     for g, members in list(groups.members.items()):
         if len(members) < 2 or any(kind[n] not in ("pointwise", "alias", "cast") for n in members):
             continue
         if any(graph.ops[n].canonical in anchors for n in members):
             continue
         for n in members[1:]:
-            new = max(groups.members) + 1
+            new += 1
             groups.members[new] = [n]
             groups.group_of[n] = new
         groups.members[g] = members[:1]

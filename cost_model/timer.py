@@ -56,6 +56,7 @@ class OpTimer:
         self._internal: dict[str, bool] = {}
         self._align_dims: dict[str, dict[str, int]] = {}
         self._out_bytes: dict[str, dict[str, float]] = {}
+        self._by_signature: dict[tuple, _Priced] = {}  # see ``costs``
 
     def _row(self, op: Op):
         return self.registry.by_canonical.get(op.canonical) if op.canonical else None
@@ -123,6 +124,83 @@ class OpTimer:
             for dtype, value in zip(missing, self._boundary_bytes_each(op, missing)):
                 self._bytes.setdefault(dtype, {})[op.name] = value
         return [self.time(op, d) for d in dtypes]
+
+    def costs(self, op: Op, dtypes: tuple[str, ...]) -> tuple[list[float], list[float]]:
+        """``([time(op, d) ...], [output_bytes(op, d) ...])`` for ``dtypes``, priced once per op
+        signature: a graph of repeated blocks holds a few dozen distinct ops, each priced once
+        and its numbers copied to the per-op caches (which the report reads later)."""
+        name = op.name
+        try:  # priced already (the all-low ceiling builds the energy again)
+            return [self._times[d][name] for d in dtypes], [self._out_bytes[d][name] for d in dtypes]
+        except KeyError:
+            pass
+        key = self._signature(op)
+        priced = self._by_signature.get(key) if key is not None else None
+        if priced is None or not all(d in priced.times for d in dtypes):
+            times = self.times(op, dtypes)
+            out = [self.output_bytes(op, d) for d in dtypes]
+            if key is not None:
+                self._remember(key, op, dtypes)
+            return times, out
+        self._flops[name] = priced.flops
+        if priced.align_dims is not None:
+            self._align_dims[name] = priced.align_dims
+        for d in dtypes:
+            self._times.setdefault(d, {})[name] = priced.times[d]
+            self._bytes.setdefault(d, {})[name] = priced.bytes[d]
+            self._out_bytes.setdefault(d, {})[name] = priced.out_bytes[d]
+        return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
+
+    def _remember(self, key: tuple, op: Op, dtypes: tuple[str, ...]) -> None:
+        """Record what ``costs`` just computed for ``op`` under its signature ``key``."""
+        name = op.name
+        priced = self._by_signature.get(key)
+        if priced is None:
+            priced = self._by_signature[key] = _Priced(self.flops(op), self._align_dims.get(name))
+        for d in dtypes:
+            priced.times[d] = self._times[d][name]
+            priced.bytes[d] = self._bytes[d][name]
+            priced.out_bytes[d] = self._out_bytes[d][name]
+
+    def _signature(self, op: Op) -> tuple | None:
+        """Everything ``_time``, ``bytes``, ``flops``, ``aligned`` and ``output_bytes`` read of ``op``:
+        its canonical op (the registry row), tensor-core flag, attributes, port roles, whether it
+        pays its group's launch, and per port the tensor's dtype, resolved shape and (where the
+        byte count asks) whether it stays inside the fused kernel. None where pricing reads more
+        (a fused RMSNorm, an inserted cast, a measured profile keyed by symbolic shapes) or an
+        attribute is not a plain value: such ops are priced one by one."""
+        if self.roofline.profile is not None or (op.canonical == "cast" and op.inserted):
+            return None
+        groups = self.groups
+        if groups.norms and groups.group_of.get(op.name, -1) in groups.norms:
+            return None
+        attrs = _attrs_key(op.attrs)
+        if attrs is None:
+            return None
+        tensors, concrete, internal = self.graph.tensors, self.graph.concrete_dims, self.internal
+        row = self._row(op)
+        asks = row is None or row.traffic != ALIAS  # ``op_bytes_each`` asks nothing of a view's ports
+        group_of = groups.group_of
+        mine = group_of.get(op.name, -2)  # ``groups.same_group(producer, op)``, the op's side looked up once
+        key: list = [op.canonical, op.tensor_core, op.name in self._leaders, attrs,
+                     tuple(op.input_roles), tuple(op.output_roles)]
+        for names, n_roles, read in ((op.inputs, len(op.input_roles), True),
+                                     (op.outputs, len(op.output_roles), False)):
+            key.append(len(names))
+            for i, name in enumerate(names):
+                if not name:
+                    key.append(None)
+                    continue
+                t = tensors[name]
+                # ``_boundary_bytes_each``' question, asked of the same ports (it caches the answer)
+                if not asks or i >= n_roles:
+                    inside = False
+                elif read:
+                    inside = t.producer is not None and group_of.get(t.producer, -1) == mine
+                else:
+                    inside = internal(t)
+                key.append((t.dtype, concrete(t), inside))
+        return tuple(key)
 
     def aligned(self, op: Op, dtype: str) -> bool:
         """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype
@@ -220,6 +298,39 @@ class OpTimer:
                 cached = traffic + self.launch
             self._cast_costs[key] = cached
         return cached
+
+
+class _Priced:
+    """One op signature's numbers (``OpTimer.costs``): FLOPs, alignment dims, and per dtype the
+    op's time, the bytes it moves and the bytes its outputs hold."""
+
+    __slots__ = ("flops", "align_dims", "times", "bytes", "out_bytes")
+
+    def __init__(self, flops: float, align_dims: dict[str, int] | None) -> None:
+        self.flops, self.align_dims = flops, align_dims
+        self.times: dict[str, float] = {}
+        self.bytes: dict[str, float] = {}
+        self.out_bytes: dict[str, float] = {}
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None))
+
+
+def _attrs_key(attrs: dict) -> tuple | None:
+    """The attributes as a hashable key (lists of plain values become tuples); None when one
+    holds anything else (a tensor, a graph): the op is then priced on its own."""
+    if not attrs:
+        return ()
+    items = []
+    for name, value in attrs.items():
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, _PLAIN) for v in value):
+                return None
+            value = (type(value).__name__, *value)
+        elif not isinstance(value, _PLAIN):
+            return None
+        items.append((name, value))
+    return tuple(sorted(items))
 
 
 def _memo(cache: dict, op: Op, dtype: str, compute) -> float:

@@ -53,13 +53,14 @@ class ClassifyPass(Pass):
         registry = ctx.registry or DEFAULT_REGISTRY
         before = snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
+        roles: dict[tuple, tuple] = {}  # what _assign_roles decided, per everything it reads
         for op in graph.ops.values():
             if op.inserted:
                 continue
             row = registry.by_canonical.get(op.canonical) if op.canonical else None
             op.op_class, op.reason = _class_of(op, row, ctx)
             op.tensor_core = bool(row and row.tensor_core)
-            _assign_roles(graph, op, row, ctx)
+            _assign_roles(graph, op, row, ctx, roles)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
         details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts)) + apply_user_rules(graph, ctx)
         return PassResult(graph, snapshot(graph, *_DECIDES) != before, details)
@@ -83,11 +84,28 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
     return row.op_class, f"{row.op_class}{note}"
 
 
-def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext) -> None:
+def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext,
+                  memo: dict[tuple, tuple] | None = None) -> None:
+    """Set the op's port roles, ``forbid_low`` and ``source_dtype`` (rules 3-6 and 8). They depend
+    only on the key below, so ops alike (a graph of repeated layers) are worked out once in ``memo``
+    (rows are the registry's, alive for the pass: keyed by identity)."""
     known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
     tensors = graph.tensors
-    in_dtypes = [tensors[name].dtype if name else None for name in op.inputs]  # read once per op
-    out_dtypes = [tensors[name].dtype if name else None for name in op.outputs]
+    in_dtypes = tuple(tensors[name].dtype if name else None for name in op.inputs)  # read once per op
+    out_dtypes = tuple(tensors[name].dtype if name else None for name in op.outputs)
+    key = (id(row), known, tuple(op.port_groups), in_dtypes, out_dtypes, op.forbid_low, op.op_type, ctx.low_dtype)
+    decided = memo.get(key) if memo is not None else None
+    if decided is None:
+        decided = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
+        if memo is not None:
+            memo[key] = decided
+    in_roles, out_roles, op.forbid_low, op.source_dtype = decided
+    op.input_roles, op.output_roles = list(in_roles), list(out_roles)
+
+
+def _roles(op: Op, row: OpDef | None, ctx: PlanContext, known: bool, in_dtypes: tuple, out_dtypes: tuple
+           ) -> tuple[tuple, tuple, str | None, str | None]:
+    """(input roles, output roles, forbid_low, source_dtype) of ``op`` (``_assign_roles``)."""
 
     def dtype_in(port: int) -> str | None:
         return in_dtypes[port] if port < len(in_dtypes) else None
@@ -132,13 +150,13 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
         for o in row.fp32_outputs:
             if o < len(out_roles) and out_roles[o] != OTHER:
                 out_roles[o] = FIXED
+    forbid_low = op.forbid_low
     for group, ins, outs in refused:  # only where the registry left the ports in the unit
-        if op.forbid_low is None and (any(in_roles[i] == UNIT for i in ins) or any(out_roles[o] == UNIT for o in outs)):
-            op.forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
-                             f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
-    if row is not None and row.fp32_only and op.forbid_low is None:
-        op.forbid_low = row.fp32_only
-    op.input_roles, op.output_roles = in_roles, out_roles
+        if forbid_low is None and (any(in_roles[i] == UNIT for i in ins) or any(out_roles[o] == UNIT for o in outs)):
+            forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
+                          f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
+    if row is not None and row.fp32_only and forbid_low is None:
+        forbid_low = row.fp32_only
     unit_dtypes = [dtype_out(o) for o, r in enumerate(out_roles) if r == UNIT] + \
                   [dtype_in(i) for i, r in enumerate(in_roles) if r == UNIT]
-    op.source_dtype = unit_dtypes[0] if unit_dtypes else None
+    return tuple(in_roles), tuple(out_roles), forbid_low, unit_dtypes[0] if unit_dtypes else None

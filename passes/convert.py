@@ -174,67 +174,130 @@ def _spend_rest(energy: PlanEnergy, bound: float, mu: float, tie: dict[int, int]
 
 def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float = 0.0) -> dict[int, int]:
     """Exact minimum of ``time_weight * time + mem_weight * memory`` by one s-t minimum cut
-    (``maxflow``); every term is submodular, so the cut is exact."""
+    (``maxflow``); every term is submodular, so the cut is exact. The edges are laid out once per
+    energy (``_CutEdges``); each cut only weighs their capacities."""
     if not energy.unit_ops:
         return {}
-    units = list(energy.unit_ops)
-    index = {u: i + 2 for i, u in enumerate(units)}  # 0 = source (FP32 side), 1 = sink (low side)
-    mem_terms = energy.mem_terms if mem_weight > 0 else []
-    n_choose = sum(1 for t in energy.terms if t.producer[0] == "choose")
-    n_nodes = 2 + len(units) + 2 * len(energy.terms) + 2 * len(mem_terms) + n_choose
-    rows: list[int] = []
-    cols: list[int] = []
-    caps: list[float] = []
-    inf = -1.0  # placeholder, replaced by a capacity larger than any finite cut
+    edges = energy.derived.get("edges")
+    if edges is None:
+        edges = energy.derived["edges"] = _CutEdges(energy)
+    n_nodes, rows, cols, per_time, per_memory, infinite = edges.layout(mem_weight > 0)
+    caps = time_weight * per_time + mem_weight * per_memory  # as ``tw * t + mw * m`` per edge
+    caps[infinite] = -1.0  # maxflow's "infinite"
+    keep = np.flatnonzero(caps != 0)  # zero edges are left out, the others keep their order
+    source_side = _min_cut_source_side(n_nodes, rows[keep], cols[keep], caps[keep])
+    n = len(energy.unit_ops)
+    return dict(zip(energy.unit_ops, np.where(source_side[2:2 + n], 0, 1).tolist()))
 
-    def add(a: int, b: int, cap: float) -> None:
-        if cap != 0:
-            rows.append(a)
-            cols.append(b)
-            caps.append(cap)
 
-    tw, mw = time_weight, mem_weight
-    for u in units:
-        add(_SOURCE, index[u], tw * energy.time_low[u] + mw * energy.act_low[u])
-        add(index[u], _SINK, tw * energy.time_fp32[u] + mw * energy.act_fp32[u])
-    aux = 2 + len(units)
-    for m in mem_terms:  # mw * (bytes_low * [some reader low] + bytes_fp32 * [some reader FP32])
-        a, b = aux, aux + 1
-        aux += 2
-        add(_SOURCE, a, mw * m.bytes_low)
-        add(b, _SINK, mw * m.bytes_fp32)
-        for ckind, cv in m.consumers:
+class _CutEdges:
+    """The s-t graph of an energy (``solve_mincut``), capacities left as ``tw * per_time +
+    mw * per_memory`` (``infinite`` edges apart).
+
+    Units are nodes 2.. in order (0 = source, FP32 side; 1 = sink, low side). A tensor's cast is
+    charged once per producer output with two auxiliary nodes: ``a`` pays when the producer is
+    FP32 and some consumer low (p->a, a->c = inf), ``b`` when the producer is low and some
+    consumer FP32 (b->p, c->b = inf); fixed endpoints tie them to the source or sink. With the
+    memory objective each weight read by units adds two nodes the same way (bytes_low when some
+    reader is low, bytes_fp32 when some reader is FP32), numbered before the cast nodes. The three
+    blocks (units, weights, casts) are built once; a layout with or without the weights joins them.
+    """
+
+    def __init__(self, energy: PlanEnergy) -> None:
+        self.index = {u: i + 2 for i, u in enumerate(energy.unit_ops)}
+        units = _EdgeBlock()
+        for u, node in self.index.items():
+            units.add(_SOURCE, node, energy.time_low[u], energy.act_low[u])
+            units.add(node, _SINK, energy.time_fp32[u], energy.act_fp32[u])
+        self.units = units.arrays()
+        self.casts = self._casts(energy.terms)
+        self._mem_terms = energy.mem_terms  # laid out only for a memory-weighted cut (pin_forced's
+        self._layouts: dict[bool, tuple] = {}  # energy pins the terms, not the weights)
+
+    def layout(self, with_memory: bool) -> tuple:
+        """(nodes, rows, cols, per_time, per_memory, infinite) of the graph with or without the weights."""
+        found = self._layouts.get(with_memory)
+        if found is None:
+            weights = [self._weights(self._mem_terms)] if with_memory else []
+            blocks = [self.units, *weights, self.casts]
+            first = 2 + len(self.index)  # the blocks' auxiliary nodes are numbered on from here, in turn
+            parts = []
+            for rows, cols, per_time, per_memory, infinite, n_aux in blocks:
+                parts.append((_absolute(rows, first), _absolute(cols, first), per_time, per_memory, infinite))
+                first += n_aux
+            found = self._layouts[with_memory] = (first, *(np.concatenate(p) for p in zip(*parts)))
+        return found
+
+    def _tie(self, block: _EdgeBlock, a: int, b: int, consumers) -> None:
+        """Readers pull ``a`` to the low side and ``b`` to the FP32 side with them."""
+        index = self.index
+        for ckind, cv in consumers:
             if ckind == "var":
-                add(a, index[cv], inf)
-                add(index[cv], b, inf)
+                block.add(a, index[cv], 0.0, 0.0, True)
+                block.add(index[cv], b, 0.0, 0.0, True)
             elif cv == 1:
-                add(a, _SINK, inf)
+                block.add(a, _SINK, 0.0, 0.0, True)  # a consumer fixed low: ``a`` takes the low side
             else:
-                add(_SOURCE, b, inf)
-    for term in energy.terms:
-        a, b = aux, aux + 1
-        aux += 2
-        kind, p = term.producer
-        c = tw * term.cast_cost
-        if kind in ("var", "choose"):
-            node = index[p] if kind == "var" else aux  # "choose": a free node, no unary cost
-            aux += kind == "choose"
-            add(node, a, c)  # producer FP32, some consumer low
-            add(b, node, c)  # producer low, some consumer FP32
-        elif p == 0:
-            add(_SOURCE, a, c)
-        else:
-            add(b, _SINK, c)
-        for ckind, cv in term.consumers:
-            if ckind == "var":
-                add(a, index[cv], inf)
-                add(index[cv], b, inf)
-            elif cv == 1:
-                add(a, _SINK, inf)  # a consumer fixed low: ``a`` takes the low side
+                block.add(_SOURCE, b, 0.0, 0.0, True)  # a consumer fixed FP32: ``b`` takes the FP32 side
+
+    def _weights(self, mem_terms) -> tuple:
+        block = _EdgeBlock()
+        for m in mem_terms:  # bytes_low * [some reader low] + bytes_fp32 * [some reader FP32]
+            a, b = block.aux(), block.aux()
+            block.add(_SOURCE, a, 0.0, m.bytes_low)
+            block.add(b, _SINK, 0.0, m.bytes_fp32)
+            self._tie(block, a, b, m.consumers)
+        return block.arrays()
+
+    def _casts(self, terms) -> tuple:
+        block = _EdgeBlock()
+        for term in terms:
+            a, b = block.aux(), block.aux()
+            kind, p = term.producer
+            c = term.cast_cost
+            if kind in ("var", "choose"):
+                node = self.index[p] if kind == "var" else block.aux()  # "choose": a free node, no unary cost
+                block.add(node, a, c, 0.0)  # producer FP32, some consumer low
+                block.add(b, node, c, 0.0)  # producer low, some consumer FP32
+            elif p == 0:
+                block.add(_SOURCE, a, c, 0.0)
             else:
-                add(_SOURCE, b, inf)  # a consumer fixed FP32: ``b`` takes the FP32 side
-    source_side = _min_cut_source_side(n_nodes, rows, cols, caps)
-    return {u: 0 if source_side[index[u]] else 1 for u in units}
+                block.add(b, _SINK, c, 0.0)
+            self._tie(block, a, b, term.consumers)
+        return block.arrays()
+
+
+class _EdgeBlock:
+    """Edges being listed; auxiliary nodes are numbered within the block as ``~k`` (-1, -2, ...)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.per_time: list[float] = []
+        self.per_memory: list[float] = []
+        self.infinite: list[bool] = []
+        self.n_aux = 0
+
+    def aux(self) -> int:
+        self.n_aux += 1
+        return ~(self.n_aux - 1)
+
+    def add(self, a: int, b: int, t: float, m: float, inf: bool = False) -> None:
+        self.rows.append(a)
+        self.cols.append(b)
+        self.per_time.append(t)
+        self.per_memory.append(m)
+        self.infinite.append(inf)
+
+    def arrays(self) -> tuple:
+        return (np.array(self.rows, dtype=np.int64), np.array(self.cols, dtype=np.int64),
+                np.array(self.per_time, dtype=np.float64), np.array(self.per_memory, dtype=np.float64),
+                np.array(self.infinite, dtype=bool), self.n_aux)
+
+
+def _absolute(nodes: np.ndarray, first: int) -> np.ndarray:
+    """A block's node ids with its auxiliary ones (``~k``) numbered from ``first``."""
+    return np.where(nodes < 0, first + ~nodes, nodes)
 
 
 def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:

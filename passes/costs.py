@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from amp_compiler.dtypes import FLOAT32, itemsize
 from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
@@ -63,6 +65,10 @@ class PlanEnergy:
     tc_flops: dict[int, float] = field(default_factory=dict)  # a unit's tensor-core FLOPs (GEMM/conv work)
     low: str = "float16"  # the plan's low dtype (sizes a unit's outputs in memory)
     fixed_memory: float = 0.0  # weights and outputs of ops whose dtype no plan changes
+    #: arrays derived from the terms on first use (the min-cut's edges, ``convert.solve_mincut``;
+    #: the cast table, ``total``): an energy is not changed once built (``replace`` makes a new
+    #: one, with an empty cache)
+    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def value(self, end: Endpoint, plan: dict[int, int]) -> int | None:
         kind, v = end
@@ -91,7 +97,12 @@ class PlanEnergy:
     def total(self, plan: dict[int, int]) -> tuple[float, int, float]:
         """(predicted time, number of casts, cast seconds) of ``plan``."""
         ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
-        casts = [self.term_cost(t, plan) for t in self.terms]
+        table = self.derived.get("casts")
+        if table is None and self.derived.setdefault("totals", 0):  # worth its arrays from the second plan on
+            table = self.derived["casts"] = _CastTable(self.terms)
+        self.derived["totals"] += 1
+        # ``table.costs``: ``[term_cost(t, plan) for t in terms]``, the same floats
+        casts = [self.term_cost(t, plan) for t in self.terms] if table is None else table.costs(plan)
         cast_time = sum(casts)
         return ops + cast_time, sum(1 for c in casts if c), cast_time
 
@@ -125,6 +136,63 @@ class PlanEnergy:
         return d_op, after - before
 
 
+class _CastTable:
+    """The terms' endpoints as arrays, to price every term of a plan at once (``PlanEnergy.total``
+    prices several plans of one energy: the optimum, near-ties, all FP32, all low).
+
+    Per term: its cast cost and producer (a unit, a fixed value, or none for a free constant and
+    for a chosen graph input); per endpoint read as a value (units and fixed dtypes), its term,
+    unit and fixed value. A term pays its cast when a consumer's value differs from the
+    producer's, or for a chosen input, when its consumers use both dtypes (``term_cost``).
+    """
+
+    def __init__(self, terms: list[TensorTerm]) -> None:
+        n = len(terms)
+        self.cost = np.array([t.cast_cost for t in terms], dtype=np.float64)
+        producer_unit, producer_value = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.priced = np.zeros(n, dtype=bool)  # producer is a unit or a fixed dtype
+        self.choose = np.zeros(n, dtype=bool)
+        term_of: list[int] = []
+        unit_of: list[int] = []
+        value_of: list[int] = []
+        for i, t in enumerate(terms):
+            kind, v = t.producer
+            if kind == "var":
+                producer_unit[i], self.priced[i] = v, True
+            elif kind == "fixed":
+                producer_value[i], self.priced[i] = v, True
+            elif kind == "choose":
+                self.choose[i] = True
+            for ckind, cv in t.consumers:
+                if ckind == "var" or ckind == "fixed":
+                    term_of.append(i)
+                    unit_of.append(cv if ckind == "var" else -1)
+                    value_of.append(cv if ckind == "fixed" else 0)
+        self.n = n
+        self.producer_unit, self.producer_value = producer_unit, producer_value
+        self.term_of = np.array(term_of, dtype=np.int64)
+        self.unit_of, self.value_of = np.array(unit_of, dtype=np.int64), np.array(value_of, dtype=np.int64)
+        units = np.concatenate([producer_unit, self.unit_of])
+        self.n_units = int(units.max()) + 1 if units.size else 0
+
+    def costs(self, plan: dict[int, int]) -> list[float]:
+        """Each term's cast seconds under ``plan`` (0.0 where no cast is needed), in term order."""
+        if not self.n:
+            return []
+        values = np.zeros(max(self.n_units, 1), dtype=np.int64)
+        if plan:
+            keys = np.fromiter(plan.keys(), dtype=np.int64, count=len(plan))
+            inside = keys < values.size
+            values[keys[inside]] = np.fromiter(plan.values(), dtype=np.int64, count=len(plan))[inside]
+        source = np.where(self.producer_unit >= 0, values[self.producer_unit], self.producer_value)
+        read = np.where(self.unit_of >= 0, values[self.unit_of], self.value_of)
+        differs = np.bincount(self.term_of, weights=read != source[self.term_of], minlength=self.n) > 0
+        low = np.bincount(self.term_of, weights=read == 1, minlength=self.n) > 0
+        fp32 = np.bincount(self.term_of, weights=read == 0, minlength=self.n) > 0
+        paid = np.where(self.choose, low & fp32, self.priced & differs)
+        return np.where(paid, self.cost, 0.0).tolist()
+
+
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
@@ -138,45 +206,46 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             units[op.name] = uid
             op.unit = uid
             energy.unit_ops[uid] = [op.name]
-            energy.time_fp32[uid], energy.time_low[uid] = timer.times(op, (FLOAT32, low))
-            energy.act_fp32[uid], energy.act_low[uid] = timer.output_bytes(op, FLOAT32), timer.output_bytes(op, low)
+            (energy.time_fp32[uid], energy.time_low[uid]), (energy.act_fp32[uid], energy.act_low[uid]) = \
+                timer.costs(op, (FLOAT32, low))
             energy.tc_flops[uid] = timer.flops(op) if op.tensor_core else 0.0
         else:
             op.unit = None
-            energy.fixed_time += timer.time(op, op.precision or FLOAT32)
-            energy.fixed_memory += timer.output_bytes(op, op.precision or FLOAT32)
+            (seconds,), (held,) = timer.costs(op, (op.precision or FLOAT32,))
+            energy.fixed_time += seconds
+            energy.fixed_memory += held
 
-    def code(dtype: str | None) -> int:
-        return 1 if dtype == low else 0
+    fixed = (("fixed", 0), ("fixed", 1))  # the endpoints of a fixed FP32 / low dtype, made once
 
     def producer_end(t: Tensor) -> Endpoint:
         if t.producer is not None:
             op = graph.ops[t.producer]
             role = op.output_roles[t.producer_port] if op.output_roles else FIXED
             if role == UNIT:
-                return ("var", units[op.name]) if op.name in units else ("fixed", code(op.precision))
-            return ("fixed", code(t.dtype))
+                return ("var", units[op.name]) if op.name in units else fixed[op.precision == low]
+            return fixed[t.dtype == low]
         # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
         if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
         if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
             return ("choose", None)
-        return ("fixed", code(t.dtype))
+        return fixed[t.dtype == low]
 
     ops = graph.ops
+    absorbed = timer.absorbed_read if timer.groups.norms else None  # no fused RMSNorm: no read absorbed
     for t in graph.tensors.values():
         if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
             continue
-        own = ("fixed", code(t.dtype))  # the tensor's dtype is float: any role but unit/any keeps it
+        own = fixed[t.dtype == low]  # the tensor's dtype is float: any role but unit/any keeps it
         ends: list[Endpoint] = []
         for cname, port in t.consumers:
-            if timer.absorbed_read(t, cname):
+            if absorbed is not None and absorbed(t, cname):
                 continue  # a fused RMSNorm reads it as stored: no cast (cost_model/norm_pattern.py)
             op = ops[cname]
             role = op.input_roles[port] if op.input_roles else FIXED
             if role == UNIT:
                 uid = units.get(cname)
-                ends.append(("var", uid) if uid is not None else ("fixed", code(op.precision)))
+                ends.append(("var", uid) if uid is not None else fixed[op.precision == low])
             elif role != ANY:
                 ends.append(own)
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output):

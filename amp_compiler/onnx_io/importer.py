@@ -216,8 +216,8 @@ def _attrs(attributes) -> dict[str, Any]:
     return out
 
 
-def _value_type(vi: onnx.ValueInfoProto) -> tuple[str | None, tuple | None]:
-    code, shape = tensor_type(vi)
+def _value_type(vi: onnx.ValueInfoProto, memo: dict | None = None) -> tuple[str | None, tuple | None]:
+    code, shape = tensor_type(vi, memo)
     return onnx_to_dtype(code) if code else None, shape
 
 
@@ -234,23 +234,24 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
 def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
     """dtype and shape of every value the model declares; shape inference (``inferred``) fills the gaps."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
-    _declared_types(model.graph, types)
+    _declared_types(model.graph, types, {})
     for name, (code, shape) in inferred.items():
         types.setdefault(name, (onnx_to_dtype(code), shape))
     return types
 
 
-def _declared_types(g: GraphProto, types: dict) -> None:
+def _declared_types(g: GraphProto, types: dict, memo: dict) -> None:
     """Add the typed values ``g`` and its subgraphs declare to ``types`` (a module-level function:
-    a recursive closure is a reference cycle that would keep ``types`` alive until a collection)."""
+    a recursive closure is a reference cycle that would keep ``types`` alive until a collection);
+    ``memo``: ``tensor_type``'s, shared by the subgraphs."""
     for vi in (*g.input, *g.output, *g.value_info):
-        dtype, shape = _value_type(vi)
+        dtype, shape = _value_type(vi, memo)
         if dtype is not None:
             types[vi.name] = (dtype, shape)
     for node in g.node:
         for a in node.attribute:
             for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
-                _declared_types(sub, types)
+                _declared_types(sub, types, memo)
 
 
 def _constant_stats(node: NodeProto) -> ValueStats | None:
