@@ -156,6 +156,10 @@ class PrecisionGraph:
         #: subgraph boundaries: scope -> (owner op name, formal input names, output names)
         self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
         self.opsets: dict[str, int] = {}  # ONNX: domain -> opset version of the source model
+        #: whether a plan may change a graph input's dtype (``keep_io_types=False``): an ONNX file
+        #: declares its inputs' types, so yes; a torch graph runs on the caller's tensors as they
+        #: come, so no: they are cast inside the graph (docs/architecture.md, "Capture routes and shapes")
+        self.inputs_retypable = True
         self._default_dim = 1
         self._dim_values: dict[str, int] = {}
         self._fresh = itertools.count()

@@ -123,6 +123,8 @@ def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:
         return "graph output keeps its dtype (keep_io_types)"
     src = graph.tensors[op.inputs[0]]
     if src.producer is None and not src.is_constant:
+        if not graph.inputs_retypable:
+            return "graph input arrives in the caller's dtype"
         return "graph input keeps its dtype (keep_io_types)"
     names = ", ".join(consumers[:3]) + (" ..." if len(consumers) > 3 else "")
     return f"read by {names}"

@@ -106,8 +106,9 @@ def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, ctx: PlanCon
 
 
 def _retype_free_inputs(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> None:
-    """Without keep_io_types a float graph input takes the dtype all its consumers want."""
-    if ctx.keep_io_types:
+    """Without keep_io_types a float graph input takes the dtype all its consumers want (where the
+    graph's inputs can be retyped: ``PrecisionGraph.inputs_retypable``)."""
+    if ctx.keep_io_types or not graph.inputs_retypable:
         return
     for name in graph.inputs:
         t = graph.tensors[name]

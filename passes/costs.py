@@ -227,7 +227,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
         if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
-        if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types:
+        if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types and graph.inputs_retypable:
             return ("choose", None)
         return fixed[t.dtype == low]
 

@@ -70,6 +70,7 @@ def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: 
     registry = registry or DEFAULT_REGISTRY
     weights = weights or {}
     graph = PrecisionGraph(source)
+    graph.inputs_retypable = False  # the caller's tensors arrive as they are
     graph.set_dim_sizes(default_dim)
     imp = FxImport(graph, gm, training=training)
     mutated = _written_nodes(gm)

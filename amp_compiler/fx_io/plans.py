@@ -54,9 +54,27 @@ def call_key(args: tuple, kwargs: dict, *, sizes: bool = True) -> Hashable:
             out.append(("tensor", shape, leaf.dtype, leaf.device.type, leaf.requires_grad, beyond_fp16(leaf)))
         elif isinstance(leaf, (int, float, bool, str, type(None), torch.dtype, torch.device)):
             out.append(leaf)
-        else:  # an object the capture sees through (a cache, a config): its type decides
-            out.append(("object", type(leaf).__qualname__))
+        else:  # an object the capture sees through (a cache, a config): its type and tensors decide
+            out.append(("object", type(leaf).__qualname__,
+                        tuple((tuple(t.shape), t.dtype) for t in _held_tensors(leaf))))
     return str(spec), tuple(out)
+
+
+def _held_tensors(obj: Any, depth: int = 3):
+    """Tensors an object holds in its attributes, lists, tuples and dicts, ``depth`` levels down
+    (a ``DynamicCache``'s per-layer keys and values): dynamo guards on their shapes and dtypes, so
+    a call that changes them is a new plan."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth > 0:
+        if isinstance(obj, dict):
+            values = obj.values()
+        elif isinstance(obj, (list, tuple)):
+            values = obj
+        else:
+            values = getattr(obj, "__dict__", {}).values()
+        for value in values:
+            yield from _held_tensors(value, depth - 1)
 
 
 def describe_key(args: tuple, kwargs: dict) -> str:

@@ -1,0 +1,61 @@
+"""``keep_io_types=False`` on the torch path: outputs come back in the dtype they were computed in,
+while inputs, which are the caller's tensors, are cast inside the graph (they cannot be retyped as
+an ONNX file's declared inputs are: ``PrecisionGraph.inputs_retypable``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import amp_compiler  # noqa: E402
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).abs().max() / ref.abs().max())
+
+
+def test_float_inputs_are_cast_in_the_graph_and_outputs_stay_low():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    x = torch.randn(64, 512)
+    amp = amp_compiler.compile(model, x, keep_io_types=False, target="a100")
+    with torch.no_grad():
+        out, ref = amp(x), model(x)
+    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    assert out.dtype == torch.float16  # computed in FP16, returned as such (as under autocast)
+    assert _rel(out, ref) < 1e-2
+    reasons = {c["reason"] for c in amp.report.casts}
+    assert "graph input arrives in the caller's dtype" in reasons
+    assert not any("graph output" in r for r in reasons)
+
+
+def _cache_in(cache, dtype: torch.dtype):
+    cache = copy.deepcopy(cache)
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
+    return cache
+
+
+def test_decoder_steps_take_caches_in_either_dtype():
+    """Prefill, then decode steps on the dynamo route fed the cache in FP16 (as autocast or an FP16
+    plan returns it) and in FP32: each call gets a plan of its own and matches the FP32 model."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=1000)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 1000, (1, 32))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), keep_io_types=False, target="a100")
+    with torch.no_grad():
+        out, ref = amp(input_ids=ids), model(input_ids=ids)
+        assert amp.report.summary["fp16_gemm_flop_fraction"] > 0.5
+        assert out.logits.dtype == torch.float16  # the LM head's output, as computed
+        token = ids[:, -1:]
+        expected = model(input_ids=token, past_key_values=copy.deepcopy(ref.past_key_values)).logits
+        for dtype in (torch.float16, torch.float32):
+            step = amp(input_ids=token, past_key_values=_cache_in(out.past_key_values, dtype))
+            assert _rel(step.logits, expected) < 2e-2, dtype
+    assert amp.plans == 3
