@@ -219,6 +219,27 @@ def test_dynamic_batch_plans_for_the_example_and_runs_other_sizes():
         assert rel_error(model(small), compiled(small)) < 1e-2
 
 
+class _Positions(torch.nn.Module):
+    """Learned positions for at most 16 tokens: a symbolic length above 16 breaks a guard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        return x + self.pos[: x.shape[1]]
+
+
+def test_a_dynamic_range_the_model_refuses_is_answered_with_torch_s_fix():
+    from torch.export import Dim
+
+    with pytest.raises(ConversionError) as err:
+        amp_compiler.compile(_Positions().eval(), torch.randn(2, 8, 8), dynamic_shapes=({1: Dim("tokens")},))
+    message = str(err.value)
+    assert "_Positions" in message and "<= 16" in message
+    assert "use tokens = Dim('tokens', max=16) in dynamic_shapes" in message
+
+
 def test_folded_copies_follow_load_state_dict():
     model, x = _seeded(Block).eval(), torch.randn(512, 256)
     compiled = amp_compiler.compile(model, x, target=TARGET)

@@ -111,8 +111,22 @@ def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -
                   "cannot be captured as one graph; rewrite it with torch.where/torch.cond")
     else:
         first = next((line for line in text.splitlines() if line.strip()), name)
-        reason = f"{tool} could not capture the model ({name}: {first.strip()[:300]})"
+        reason = f"{tool} could not capture the model ({name}: {first.strip()[:300]})" + _suggested_fixes(text)
     return ConversionError(source, where or "forward", reason)
+
+
+def _suggested_fixes(text: str) -> str:
+    """torch.export's own fix for a ``dynamic_shapes`` range the model does not support (``s =
+    Dim('s', max=512)`` for BERT's 512 positions), with the guard it broke, else ''."""
+    lines = [line.strip() for line in text.splitlines()]
+    if "Suggested fixes:" not in lines:
+        return ""
+    at = lines.index("Suggested fixes:")
+    guards = [line[2:] for line in lines[:at] if line.startswith("- Not all values")]
+    fixes = [line for line in lines[at + 1:] if line and "=" in line and "Dim" in line]
+    if not fixes:
+        return ""
+    return "; " + "; ".join(guards[:3]) + f"; use {', '.join(fixes[:6])} in dynamic_shapes"
 
 
 def failing_module(exc: BaseException | None, model: torch.nn.Module) -> str:
