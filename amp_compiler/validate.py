@@ -58,8 +58,10 @@ def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str
         names = set(sess.input_names)
         return list(sess.run(None, {k: v for k, v in feeds.items() if k in names}))
     except Exception as exc:  # the evaluator raises whatever its op implementations raise
-        raise ConversionError(label, "reference evaluator", str(exc).splitlines()[0] if str(exc) else
-                              type(exc).__name__) from None
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if label == "the FP32 model":  # the source model itself: the evaluator, not the plan, failed
+            detail += " (ONNX's reference evaluator cannot run the source model; --runtime ort can)"
+        raise ConversionError(label, "reference evaluator", detail) from None
 
 
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
@@ -79,7 +81,8 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = ""
         if "NOT_IMPLEMENTED" in detail:
-            hint = f" (the {providers[0]} has no kernel for it; validate on the target's provider)"
+            hint = (f" (the {providers[0]} has no kernel for it; validate on the target's provider, or with "
+                    f"ONNX's reference evaluator: --runtime reference)")
         raise ConversionError(label, "ONNX Runtime", f"{detail}{hint}") from None
 
 
@@ -102,13 +105,35 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``.
     """
     expected = runner(original, feeds, label="the FP32 model")
-    actual = runner(converted, feeds, label="the converted model")
+    actual = runner(converted, _as_declared(converted, feeds), label="the converted model")
     if isinstance(original, str):
-        import onnx
-
-        original = onnx.load(original, load_external_data=False)
+        original = _graph_only(original)
     names = [o.name for o in original.graph.output]
     outputs = compare_outputs(names, expected, actual)
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
     return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
             "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+
+
+def _graph_only(model: ModelProto | str) -> ModelProto:
+    if isinstance(model, str):
+        import onnx
+
+        return onnx.load(model, load_external_data=False)
+    return model
+
+
+#: float input types numpy can feed; a BF16 input is left as given (the runtime names the mismatch)
+_NUMPY_FLOATS = {1: np.float32, 10: np.float16, 11: np.float64}
+
+
+def _as_declared(model: ModelProto | str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` with float arrays in the dtypes ``model`` declares for its inputs: without
+    keep_io_types a converted model's float inputs are FP16, and both models see the same values."""
+    declared = {i.name: i.type.tensor_type.elem_type for i in _graph_only(model).graph.input}
+    out = {}
+    for name, value in feeds.items():
+        want = _NUMPY_FLOATS.get(declared.get(name, 0))
+        is_float = isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+        out[name] = value.astype(want) if is_float and want is not None and value.dtype != want else value
+    return out

@@ -61,3 +61,36 @@ def test_calibration_without_inputs_draws_them_as_the_model_sees_them():
     summary = convert_onnx(_text_model(vocab=1000), calibrate=True)[1].summary
     assert summary["inputs_drawn"]["input_ids"] == "token ids in [0, 1000) (rows of table)"
     assert "inputs_drawn" not in convert_onnx(_text_model(vocab=1000))[1].summary
+
+
+def _float_input_model():
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Relu", ["h"], ["y"], name="act")]
+    return model(nodes, [fin("x", 8, 64)], [fin("y", 8, 64)], [weight("W", 64, 64)])
+
+
+def test_validation_feeds_each_model_its_declared_input_dtypes(tmp_path):
+    """Without keep_io_types the converted model takes FP16 inputs: it is fed the same values in FP16."""
+    import onnx
+
+    src, dst, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    src.write_bytes(_float_input_model().SerializeToString())
+    assert main([str(src), "-o", str(dst), "--no-keep-io-types", "--planner", "all", "--validate",
+                 "--report", str(rep), "-q"]) == 0
+    assert onnx.load(str(dst)).graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
+    validation = json.loads(rep.read_text())["validation"]
+    assert validation["passed"] and 0 < validation["max_rel_error"] < 1e-2
+
+
+def test_validation_budget_defaults_to_the_dtype_s_precision(tmp_path):
+    src, rep = tmp_path / "m.onnx", tmp_path / "r.json"
+    src.write_bytes(_float_input_model().SerializeToString())
+    budgets = {}
+    for dtype in ("fp16", "bf16"):
+        assert main([str(src), "--dry-run", "--dtype", dtype, "--validate", "--runtime", "reference",
+                     "--report", str(rep), "-q"]) == 0
+        budgets[dtype] = json.loads(rep.read_text())["validation"]["tolerance"]
+    assert budgets == {"fp16": 0.01, "bf16": 0.05}
+    assert main([str(src), "--dry-run", "--dtype", "bf16", "--validate", "--runtime", "reference",
+                 "--tolerance", "0.001", "--report", str(rep), "-q"]) in (0, 1)
+    assert json.loads(rep.read_text())["validation"]["tolerance"] == 0.001
