@@ -33,7 +33,7 @@ from torch import fx
 from cost_model.runtime import default_runtime
 
 from .dtypes import normalize_low_dtype
-from .fx_io.capture import dynamo_aten_graph, dynamo_weights
+from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.plans import beyond_fp16, finite_peak
@@ -88,7 +88,7 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if opts.get("backend") == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
-        inner = compile_fx(aten, list(example_inputs))
+        inner = compile_fx(views_as_reshapes(aten), list(example_inputs))
     if not folded.entries:
         return inner
 

@@ -43,7 +43,7 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
-from .fx_io.capture import export_graph, failing_module
+from .fx_io.capture import export_graph, failing_module, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, describe_key, finite_peak,
@@ -80,7 +80,7 @@ class _ExportRoute:
         report = build_report(result)  # after emission: counts the casts the emitter added
         report.summary.update(capture=self.name, graphs=1)
         torch.nn.Module.train(gm, o["training"])
-        inner: Callable = torch.compile(gm, backend="inductor") if o["backend"] == "inductor" else gm
+        inner: Callable = torch.compile(views_as_reshapes(gm), backend="inductor") if o["backend"] == "inductor" else gm
 
         def run(*a: Any, **k: Any) -> Any:
             if folded.entries:

@@ -21,6 +21,7 @@ import torch
 from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
+from .fx_io.capture import views_as_reshapes
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 
 
@@ -152,7 +153,7 @@ class TrainStep:
                            [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable]
                            if variant.has_acc else [], batch)
         report, nodes = plan_variant(self.setup, gm, variant, self.plan_options)
-        runner = torch.compile(gm, backend="inductor") if self.backend == "inductor" else gm
+        runner = torch.compile(views_as_reshapes(gm), backend="inductor") if self.backend == "inductor" else gm
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes)
         self._warn_if_fp32(report)
         return cap

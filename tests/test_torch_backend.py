@@ -133,6 +133,34 @@ def test_inductor_runs_the_rewritten_graph():
     assert b.dtype == torch.float32
 
 
+class _CachedAttention(torch.nn.Module):
+    """Keys appended to a cache, then a matmul on their transpose, as T5 and GPT-2 attend."""
+
+    def __init__(self, d: int = 256, heads: int = 4) -> None:
+        super().__init__()
+        self.h, self.q, self.k = heads, torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+
+    def forward(self, x, past):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.h, -1).transpose(1, 2)
+        k = torch.cat([past, self.k(x).view(b, s, self.h, -1).transpose(1, 2)], dim=2)
+        return torch.matmul(q, k.transpose(3, 2))
+
+
+@pytest.mark.skipif(not _have_cxx(), reason="inductor on CPU needs a C++ compiler")
+def test_inductor_takes_a_view_whose_strides_its_own_trace_lays_out_otherwise():
+    """The retrace made matmul's reshape a view, valid for eager's contiguous ``cat``; inductor's
+    ``cat`` keeps the transposed layout, where that view fails, on both capture routes."""
+    model, x, past = _CachedAttention().eval(), torch.randn(2, 64, 256), torch.zeros(2, 4, 0, 64)
+    with torch.no_grad():
+        ref = model(x, past)
+        fused = amp_compiler.compile(model, (x, past), target=CI_TARGET, backend="inductor")
+        via_backend = torch.compile(model, backend="amp_compiler", options={"target": CI_TARGET, "backend": "inductor"})
+        a, b = fused(x, past), via_backend(x, past)
+    assert fused.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    assert rel_error(ref, a) < 1e-2 and rel_error(ref, b) < 1e-2
+
+
 def test_entry_point_makes_the_name_work_without_importing_amp_compiler(tmp_path):
     """The entry point declared in setup.py, installed as package metadata, is all torch needs."""
     line = next(ln for ln in (ROOT / "setup.py").read_text().splitlines() if "torch_dynamo_backends" in ln

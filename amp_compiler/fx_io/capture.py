@@ -193,3 +193,22 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
 
 __all__ = ["capture_error", "dynamo_aten_graph", "dynamo_weights", "export_graph", "failing_module"]
+
+
+def views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with each ``aten.view`` made an ``aten.reshape``, in place (the plan's folded weights are
+    refreshed on this module), for inductor.
+
+    The retrace decides view against copy from the strides it sees; inductor's own trace
+    propagates some strides differently (a ``cat`` keeps its inputs' layout), so a view valid
+    here can be invalid there (T5's attention on its cache). The graph is functional, so a
+    reshape, which views when it can and copies otherwise, computes the same values."""
+    view = torch.ops.aten.view.default
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is view:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
