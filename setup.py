@@ -19,6 +19,9 @@ setup(
         "protobuf>=4.25",
         "ml_dtypes>=0.4",
         "psutil>=5.9",
+        # ONNX Runtime's symbolic shape inference relates the dims a Reshape makes up to the
+        # inputs' (onnx_io/symbolic_dims.py); it imports sympy, which onnxruntime does not require
+        "sympy>=1.12",
     ],
     # ONNX Runtime comes as an extra so that CUDA users pick onnxruntime-gpu
     # ("[gpu]") and nobody ends up with both builds in one environment.

@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
+from .dims import DimSizes
 from .dtypes import FLOAT32, is_float, itemsize
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class PrecisionGraph:
         #: come, so no: they are cast inside the graph (docs/architecture.md, "Capture routes and shapes")
         self.inputs_retypable = True
         self._default_dim = 1
-        self._dim_values: dict[str, int] = {}
+        self._dim_values = DimSizes({}, 1)
         self._fresh = itertools.count()
         self._reserved: set[str] = set()
         self._dims_token = object()  # replaced when dim sizes change: tensors' size memos go stale
@@ -258,15 +259,16 @@ class PrecisionGraph:
         return g
 
     def set_dim_sizes(self, default_dim: int, dim_values: dict[str, int] | None = None) -> None:
-        """Sizes the cost model uses for symbolic dims."""
+        """Sizes the cost model uses for symbolic dims: names and expressions of them (``dims.py``)."""
         self._default_dim = int(default_dim)
-        self._dim_values = dict(dim_values or {})
+        declared = {d for name in self.inputs for d in (self.tensors[name].shape or ()) if isinstance(d, str)}
+        self._dim_values = DimSizes(dim_values, default_dim, declared)
         self._dims_token = object()
 
     def default_dim(self) -> int:
         return self._default_dim
 
-    def dim_values(self) -> dict[str, int]:
+    def dim_values(self) -> DimSizes:
         return self._dim_values
 
     def _sizes(self, t: Tensor) -> tuple:

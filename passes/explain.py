@@ -66,10 +66,11 @@ def near_tie_note(energy: PlanEnergy, plan: dict[int, int], launches: int) -> st
 
 
 def _unsized_dims(graph: PrecisionGraph) -> list[str]:
-    """Symbolic dims the cost model sized with the default (no ``--dim`` value, no example), sorted."""
-    sized = graph.dim_values()
-    return sorted({d for t in graph.tensors.values() if t.shape for d in t.shape
-                   if isinstance(d, str) and d not in sized})
+    """Symbolic dims the cost model sized with the default (no ``--dim`` value, no example): those
+    the graph's inputs declare first (sizing them sizes the expressions made of them), then others."""
+    sizes = graph.dim_values()
+    dims = {d for t in graph.tensors.values() if t.shape for d in t.shape if isinstance(d, str)}
+    return sorted(set().union(*(sizes.unsized(d) for d in dims)), key=lambda d: (d not in sizes.declared, d))
 
 
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> list[str]:

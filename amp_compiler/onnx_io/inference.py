@@ -64,6 +64,11 @@ def run_checker(light: ModelProto, source: str) -> None:
         raise ConversionError(source, where, f"invalid ONNX model: {text.strip().splitlines()[0]}") from None
 
 
+def placeholder_names(model: ModelProto) -> set[str]:
+    """Names of the tensors ``light_copy`` left without their data."""
+    return {t.name for t in _placeholders(model)}
+
+
 def _placeholders(model: ModelProto) -> Iterable[TensorProto]:
     return [t for t in iter_tensors(model) if is_external(t)
             and any(e.key == "location" and e.value == _PLACEHOLDER for e in t.external_data)]

@@ -23,6 +23,7 @@ from onnx import GraphProto, ModelProto
 from ..errors import ConversionError
 from .inference import infer, inferred_types, light_copy, run_checker
 from .structure import check_structure, subgraphs
+from .symbolic_dims import relate_dims
 from .tensor_checks import check_tensors
 
 #: Cast-1 takes its target type as a string; the Casts the conversion inserts need Cast-6 or newer
@@ -42,6 +43,7 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     light = light_copy(model)
     run_checker(light, source)
     infer(light, source)
+    relate_dims(light)  # symbols a Reshape made up, written as arithmetic of the inputs' dims
     return inferred_types(light)
 
 
@@ -52,6 +54,7 @@ def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
         light = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
     except Exception:  # best effort: values without a type are handled downstream
         pass
+    relate_dims(light)
     return inferred_types(light)
 
 

@@ -1,0 +1,97 @@
+"""Relate the symbolic dims onnx's inference leaves unrelated to the graph's inputs.
+
+onnx's shape inference gives a ``Reshape`` or ``Flatten`` output of a dynamic graph a fresh
+symbol (``unk__3``; the TorchScript exporter writes ``MatMul_out_dim_0``), so the cost model
+sized those tensors at ``default_dim`` whatever ``--dim seq=2048`` said: a Llama exported with
+``torch.onnx.export(dynamo=False)`` had 131 such dims and was planned as if it were tiny.
+ONNX Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``, sympy
+arithmetic over the inputs' dims) writes them as expressions (``batch*seq``, ``seq + 1``),
+which ``amp_compiler.dims`` sizes. It runs only when such dims exist, on the light copy
+(weights as shaped inputs, no data), and is best effort: where it fails, onnx's shapes stay.
+docs/architecture.md, "Input handling".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from onnx import ModelProto, TensorProto, ValueInfoProto, helper
+
+from .inference import placeholder_names
+
+
+def unrelated_dims(light: ModelProto) -> set[str]:
+    """Symbolic dims of the main graph's values that its inputs do not declare."""
+    declared = _dims(light.graph.input)
+    return _dims((*light.graph.value_info, *light.graph.output)) - declared
+
+
+def _dims(values) -> set[str]:
+    return {d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param}
+
+
+def relate_dims(light: ModelProto) -> int:
+    """Rewrite ``light``'s value shapes with ONNX Runtime's related dims where onnx's are
+    unrelated symbols or unknown; returns how many values changed (0 when nothing was to do)."""
+    if not unrelated_dims(light):
+        return 0
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:  # an ONNX Runtime build without its tools
+        return 0
+    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(_shape_model(light), auto_merge=True, guess_output_rank=False)
+    except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
+        return 0
+    finally:
+        logger.level = level
+    if inferred is None:
+        return 0
+    related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    declared = _dims(light.graph.input)
+    return sum(_adopt(vi, related.get(vi.name), declared) for vi in (*light.graph.value_info, *light.graph.output))
+
+
+def _shape_model(light: ModelProto) -> ModelProto:
+    """``light`` with its data-less initializers as graph inputs of the same type and shape (the
+    symbolic inference reads initializers' values; these have none), and its outputs unshaped."""
+    model = ModelProto()
+    model.CopyFrom(light)
+    graph = model.graph
+    stripped = placeholder_names(model)
+    kept: list[TensorProto] = [t for t in graph.initializer if t.name not in stripped]
+    shaped = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+              for t in graph.initializer if t.name in stripped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(shaped)
+    for out in graph.output:  # an output's declared dims are often the exporter's own names: infer them
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    return model
+
+
+def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[str]) -> bool:
+    """Take ``theirs``' dims where ``mine`` has an unknown or undeclared symbol (same rank only)."""
+    if theirs is None or not theirs.type.tensor_type.HasField("shape"):
+        return False
+    dims, other = mine.type.tensor_type.shape.dim, theirs.type.tensor_type.shape.dim
+    if not mine.type.tensor_type.HasField("shape") or len(dims) != len(other):
+        return False
+    changed = False
+    for d, o in zip(dims, other):
+        if d.HasField("dim_value") or d.dim_param in declared:
+            continue
+        if o.HasField("dim_value"):
+            d.dim_value = o.dim_value
+        elif o.dim_param and o.dim_param != d.dim_param:
+            d.dim_param = o.dim_param
+        else:
+            continue
+        changed = True
+    return changed
+
+
+__all__ = ["relate_dims", "unrelated_dims"]

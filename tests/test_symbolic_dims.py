@@ -1,0 +1,72 @@
+"""Symbolic dims a Reshape makes up are related to the inputs' dims, so ``--dim`` sizes every
+tensor (``amp_compiler/dims.py``, ``onnx_io/symbolic_dims.py``)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from onnx import TensorProto, helper
+
+from amp_compiler import convert_onnx
+from amp_compiler.cli import main
+from amp_compiler.dims import DimSizes
+
+from .builders import fin, model, weight
+
+
+def test_expressions_of_declared_or_sized_dims_are_sized_and_others_are_unknown():
+    sizes = DimSizes({"seq": 2048}, 8, declared={"batch", "seq", "batch-size"})
+    assert [sizes.get(d, 8) for d in ("seq", "batch", "4*batch", "seq + 1", "batch*seq", "floor(seq/2)")] == \
+        [2048, 8, 32, 2049, 8 * 2048, 1024]
+    assert sizes.get("unk__3*batch", 8) == 8  # a made-up symbol: the whole dim is unknown
+    assert sizes.get("batch-size", 8) == 8 and DimSizes({"batch-size": 3}, 8).get("batch-size") == 3  # a name
+    assert sizes.unsized("batch*seq") == {"batch"} and sizes.unsized("seq + 1") == set()
+    assert sizes.unsized("unk__3*batch") == {"unk__3*batch"}
+
+
+def _flattened_projection():
+    """x [batch, seq, 64] -> Reshape [-1, 64] (onnx names the rows ``unk__N``) -> MatMul [64, 1024]."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["flat"], name="flatten"),
+             helper.make_node("MatMul", ["flat", "W"], ["y"], name="proj")]
+    shape = helper.make_tensor("rows", TensorProto.INT64, [2], [-1, 64])
+    return model(nodes, [fin("x", "batch", "seq", 64)], [fin("y", None, 1024)], [shape, weight("W", 64, 1024)])
+
+
+def test_a_reshaped_tensor_is_sized_by_the_inputs_dims():
+    summary = convert_onnx(_flattened_projection(), dim_values={"batch": 4, "seq": 512})[1].summary
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * 1024  # not 2 * 8 * 64 * 1024: the rows are batch*seq
+    default = convert_onnx(_flattened_projection())[1].summary
+    assert default["gemm_flops"] == 2 * (8 * 8) * 64 * 1024
+
+
+def test_a_torchscript_export_plans_at_the_sizes_given(tmp_path):
+    """``torch.onnx.export(dynamo=False)`` names every Reshape output anew: without relating them
+    the Llama's GEMMs stayed sized 8 at ``--dim seq=2048`` and the plan was the tiny model's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=500, use_cache=False)
+    llama = transformers.LlamaForCausalLM(cfg).eval()
+    src = tmp_path / "llama.onnx"
+    ids, mask = torch.randint(0, 500, (1, 16)), torch.ones(1, 16, dtype=torch.long)
+    axes = {0: "batch", 1: "seq"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
+        torch.onnx.export(llama, (ids, mask), str(src), input_names=["input_ids", "attention_mask"],
+                          output_names=["logits"], dynamic_axes={"input_ids": axes, "attention_mask": axes},
+                          opset_version=17, dynamo=False)
+    for seq in (1024, 2048):
+        rep = tmp_path / f"r{seq}.json"
+        assert main([str(src), "--dry-run", "--dim", "batch=1", "--dim", f"seq={seq}", "--report", str(rep), "-q"]) == 0
+        ops = json.loads(rep.read_text())["ops"]
+        projections = [op["flops"] for op in ops if op["op_type"] == "MatMul" and "proj" in op["name"]]
+        assert len(projections) == 7  # q, k, v, o, gate, up, down
+        assert min(projections) == 2 * seq * 128 * 128  # every token, not 8 rows
+    rep = tmp_path / "default.json"
+    assert main([str(src), "--dry-run", "--report", str(rep), "-q"]) == 0
+    why = json.loads(rep.read_text())["summary"]["fp32_tensor_core_why"]
+    if why:  # at the default 8 tokens the plan may be FP32 by cost; its advice names the inputs' dims first
+        assert "symbolic dims sized 8: batch, seq" in why
