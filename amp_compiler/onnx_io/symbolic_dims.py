@@ -20,20 +20,21 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 from .inference import placeholder_names
 
 
-def unrelated_dims(light: ModelProto) -> set[str]:
-    """Symbolic dims of the main graph's values that its inputs do not declare."""
-    declared = _dims(light.graph.input)
-    return _dims((*light.graph.value_info, *light.graph.output)) - declared
+def unrelated_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> set[str]:
+    """Symbolic dims of the values in ``types`` (``inference.inferred_types`` of ``light``) that the
+    main graph's inputs do not declare."""
+    found = {d for _, shape in set(types.values()) if shape for d in shape if isinstance(d, str)}
+    return found - _dims(light.graph.input)
 
 
 def _dims(values) -> set[str]:
     return {d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
-def relate_dims(light: ModelProto) -> int:
+def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> int:
     """Rewrite ``light``'s value shapes with ONNX Runtime's related dims where onnx's are
     unrelated symbols or unknown; returns how many values changed (0 when nothing was to do)."""
-    if not unrelated_dims(light):
+    if not unrelated_dims(light, types):
         return 0
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference

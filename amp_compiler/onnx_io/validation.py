@@ -43,8 +43,10 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     light = light_copy(model)
     run_checker(light, source)
     infer(light, source)
-    relate_dims(light)  # symbols a Reshape made up, written as arithmetic of the inputs' dims
-    return inferred_types(light)
+    types = inferred_types(light)
+    if relate_dims(light, types):  # symbols a Reshape made up, written as arithmetic of the inputs' dims
+        types = inferred_types(light)
+    return types
 
 
 def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
@@ -54,8 +56,8 @@ def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
         light = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
     except Exception:  # best effort: values without a type are handled downstream
         pass
-    relate_dims(light)
-    return inferred_types(light)
+    types = inferred_types(light)
+    return inferred_types(light) if relate_dims(light, types) else types
 
 
 def check_header(model: ModelProto, source: str) -> dict[str, int]:
