@@ -35,7 +35,7 @@ from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, build_energy
-from .explain import fp32_tensor_core_why, near_tie_note
+from .explain import fp32_tensor_core_why, near_tie_note, unplanned_float
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
 
@@ -387,4 +387,6 @@ def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: di
         if not op.inserted and not op.has_unit_ports:
             op.precision = None
             if not op.reason.startswith(("deny", "unknown")):
-                op.reason = f"{op.op_class}: no float data"
+                other = unplanned_float(graph, op)
+                op.reason = (f"{op.op_class}: runs in {other}, which plans leave as it is (they convert float32 ops)"
+                             if other else f"{op.op_class}: no float data")

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 from collections import Counter
 
-from amp_compiler.dtypes import FLOAT32, short
+from amp_compiler.dtypes import FLOAT32, FLOAT64, short
 from amp_compiler.ir import PrecisionGraph
 
 from .base import PlanContext
 from .costs import OpTimer, PlanEnergy
 
-__all__ = ["fp32_tensor_core_why", "near_tie_note"]
+__all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
+
+
+def unplanned_float(graph: PrecisionGraph, op) -> str | None:
+    """The float dtype other than FP32 and the plan's low one that ``op`` computes in (a float64
+    model), or None."""
+    for name in (*op.inputs, *op.outputs):
+        t = graph.tensors.get(name) if name else None
+        if t is not None and t.dtype == FLOAT64 and not t.is_constant:
+            return t.dtype
+    return None
 
 
 def _us(seconds: float) -> str:
@@ -45,7 +55,13 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         unsized = _unsized_dims(graph)
         dims = (f"--dim NAME=SIZE ({len(unsized)} symbolic dims sized {graph.default_dim()}: "
                 f"{', '.join(unsized[:3])}{', …' if len(unsized) > 3 else ''}), " if unsized else "")
-        lines.append(f"would change it: {dims}--deploy tensorrt|inductor (casts fuse), --objective memory")
+        lines.append(f"would change it: {dims}{_fusing_runtimes(graph)}")
+    unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
+    if unplanned:
+        flops = sum(timer.flops(op) for op in unplanned)
+        lines.append(f"not planned: {len(unplanned)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs, run in "
+                     f"{unplanned_float(graph, unplanned[0])}; plans convert float32 ops: cast the model to float32 "
+                     f"first{'' if graph.inputs_retypable else ' (model.float())'}")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
     if ruled:
         flops = sum(timer.flops(op) for op in ruled)
@@ -63,6 +79,14 @@ def near_tie_note(energy: PlanEnergy, plan: dict[int, int], launches: int) -> st
         return ""
     return (f"{_us(t - t32)} ({(t - t32) / t32:.1%}) over FP32: a tie within 1% or {launches} launches for less memory "
             "(--objective fastest: none)")
+
+
+def _fusing_runtimes(graph: PrecisionGraph) -> str:
+    """The options that make casts cheap, as the entry point spells them: a torch graph's inputs
+    arrive as the caller passes them (``PrecisionGraph.inputs_retypable``), an ONNX file's do not."""
+    if graph.inputs_retypable:
+        return "--deploy tensorrt|inductor (casts fuse), --objective memory"
+    return "backend=\"inductor\" (casts fuse), objective=\"memory\""
 
 
 def _unsized_dims(graph: PrecisionGraph) -> list[str]:

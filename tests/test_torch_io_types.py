@@ -59,3 +59,23 @@ def test_decoder_steps_take_caches_in_either_dtype():
             step = amp(input_ids=token, past_key_values=_cache_in(out.past_key_values, dtype))
             assert _rel(step.logits, expected) < 2e-2, dtype
     assert amp.plans == 3
+
+
+def test_a_float64_model_is_reported_not_planned_and_why():
+    model = torch.nn.Linear(256, 256).double().eval()
+    amp = amp_compiler.compile(model, torch.randn(8, 256, dtype=torch.float64))
+    gemm = next(op for op in amp.report.ops if "addmm" in op["op_type"] or "mm" in op["op_type"])
+    assert gemm["precision"] == "n/a" and "runs in float64" in gemm["reason"]
+    why = amp.report.summary["fp32_tensor_core_why"]
+    assert why.startswith("not planned: 1 tensor-core ops, 100% of GEMM/conv FLOPs, run in float64")
+    assert "model.float()" in why
+
+
+def test_what_would_change_an_fp32_plan_is_said_in_the_torch_api_s_words():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Dropout(0.1), torch.nn.Linear(512, 512)).train()
+    amp = amp_compiler.compile(model, torch.randn(64, 512))  # training: weight casts each step outweigh the GEMMs
+    why = amp.report.summary["fp32_tensor_core_why"]
+    assert why.startswith("FP32 by cost (eager)")
+    assert 'would change it: backend="inductor" (casts fuse), objective="memory"' in why
+    assert "--deploy" not in why
