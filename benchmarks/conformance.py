@@ -383,7 +383,7 @@ def _category(reason: str) -> str:
         return NUMERICS_RULE
     if "keeps its source dtype" in reason:
         return SOURCE_NOT_FP32
-    if "no float data" in reason:
+    if "no float data" in reason or "runs in float64" in reason:  # a Cast to double computes no FP32 either
         return NO_FLOAT_COMPUTE
     if "by the cost model" in reason:  # planner="optimal" only
         return "cost model (FP16 not faster)"

@@ -14,6 +14,15 @@ transformers = pytest.importorskip("transformers")
 import amp_compiler  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Dynamo's recompile limit counts per code object, and transformers wraps every model's
+    forward in one function: the decoder's plans here must not use up later tests' budget."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).abs().max() / ref.abs().max())
 

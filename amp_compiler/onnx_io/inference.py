@@ -74,8 +74,9 @@ def _placeholders(model: ModelProto) -> Iterable[TensorProto]:
             and any(e.key == "location" and e.value == _PLACEHOLDER for e in t.external_data)]
 
 
-def infer(light: ModelProto, source: str) -> None:
-    """Strict type/shape inference into ``light``'s value_info; fatal errors become ``ConversionError``."""
+def infer(light: ModelProto, source: str) -> bool:
+    """Strict type/shape inference into ``light``'s value_info; fatal errors become ``ConversionError``.
+    Returns whether the strict pass held (False: declared shapes disagreed, non-strict ones kept)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
     except Exception as exc:  # onnx raises InferenceError, or ValueError/RuntimeError for bad input
@@ -85,8 +86,11 @@ def infer(light: ModelProto, source: str) -> None:
         try:  # only stale declared shapes disagreed: keep what non-strict inference can tell
             inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
         except Exception:  # inference is best effort from here on
-            return
+            return False
+        light.CopyFrom(inferred)
+        return False
     light.CopyFrom(inferred)
+    return True
 
 
 def _fatal_inference_error(text: str) -> tuple[str, str] | None:

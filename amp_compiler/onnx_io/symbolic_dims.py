@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 
+import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
+from ..dims import names_in
 from .inference import placeholder_names
 
 
@@ -52,12 +54,20 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
         return 0
     related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
     declared = _dims(light.graph.input)
-    return sum(_adopt(vi, related.get(vi.name), declared) for vi in (*light.graph.value_info, *light.graph.output))
+    adopted = ModelProto()
+    adopted.CopyFrom(light)
+    changed = sum(_adopt(vi, related.get(vi.name), declared) for vi in (*adopted.graph.value_info, *adopted.graph.output))
+    try:  # the model's own declared shapes must agree (a stale output shape that no dim contradicted did)
+        onnx.shape_inference.infer_shapes(adopted, check_type=False, strict_mode=True)
+    except Exception:  # noqa: BLE001 - onnx raises InferenceError, or ValueError/RuntimeError
+        return 0
+    light.CopyFrom(adopted)
+    return changed
 
 
 def _shape_model(light: ModelProto) -> ModelProto:
     """``light`` with its data-less initializers as graph inputs of the same type and shape (the
-    symbolic inference reads initializers' values; these have none), and its outputs unshaped."""
+    symbolic inference reads initializers' values; these have none), and no other value shaped."""
     model = ModelProto()
     model.CopyFrom(light)
     graph = model.graph
@@ -68,14 +78,18 @@ def _shape_model(light: ModelProto) -> ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(shaped)
-    for out in graph.output:  # an output's declared dims are often the exporter's own names: infer them
+    # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
+    # exporter-named dims) would pass for a result, and the emitted file carries these shapes
+    del graph.value_info[:]
+    for out in graph.output:
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
     return model
 
 
 def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[str]) -> bool:
-    """Take ``theirs``' dims where ``mine`` has an unknown or undeclared symbol (same rank only)."""
+    """Take ``theirs``' dims where ``mine`` has an unknown or undeclared symbol: a number, or an
+    expression of declared dims (same rank only)."""
     if theirs is None or not theirs.type.tensor_type.HasField("shape"):
         return False
     dims, other = mine.type.tensor_type.shape.dim, theirs.type.tensor_type.shape.dim
@@ -87,7 +101,7 @@ def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[st
             continue
         if o.HasField("dim_value"):
             d.dim_value = o.dim_value
-        elif o.dim_param and o.dim_param != d.dim_param:
+        elif o.dim_param and o.dim_param != d.dim_param and names_in(o.dim_param) <= declared:
             d.dim_param = o.dim_param
         else:
             continue

@@ -42,9 +42,11 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     check_tensors(model, source, base_dir, raw)
     light = light_copy(model)
     run_checker(light, source)
-    infer(light, source)
+    consistent = infer(light, source)
     types = inferred_types(light)
-    if relate_dims(light, types):  # symbols a Reshape made up, written as arithmetic of the inputs' dims
+    # symbols a Reshape made up, written as arithmetic of the inputs' dims; not where declared shapes
+    # disagree with inference (the emitted file would carry shapes the model's own contradict)
+    if consistent and relate_dims(light, types):
         types = inferred_types(light)
     return types
 
@@ -56,8 +58,7 @@ def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
         light = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
     except Exception:  # best effort: values without a type are handled downstream
         pass
-    types = inferred_types(light)
-    return inferred_types(light) if relate_dims(light, types) else types
+    return inferred_types(light)
 
 
 def check_header(model: ModelProto, source: str) -> dict[str, int]:
