@@ -34,7 +34,7 @@ from amp_compiler.ir import UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
-from .costs import OpTimer, PlanEnergy, build_energy
+from .costs import OpTimer, PlanEnergy, all_low_time, build_energy
 from .explain import fp32_tensor_core_why, near_tie_note, unplanned_float
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
@@ -346,15 +346,9 @@ def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:
 
 
 def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
-    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling)."""
-    saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
-    for op in graph.ops.values():
-        op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
-    energy = build_energy(graph, ctx, timer)
-    total = energy.total({u: 1 for u in energy.unit_ops})[0]
-    for name, (eligible, unit) in saved.items():
-        graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
-    return total
+    """Predicted time with every op that can take the low dtype in it (the 'all FP16' ceiling):
+    the energy of that eligibility priced all low, without building it (``costs.all_low_time``)."""
+    return all_low_time(graph, ctx, timer)
 
 
 def _fmt_us(seconds: float) -> str:

@@ -21,7 +21,7 @@ from cost_model.timer import OpTimer
 from .base import PlanContext
 from .user_rules import runtime_cast
 
-__all__ = ["Endpoint", "OpTimer", "PlanEnergy", "TensorTerm", "build_energy"]  # OpTimer: from cost_model.timer
+__all__ = ["Endpoint", "OpTimer", "PlanEnergy", "TensorTerm", "all_low_time", "build_energy"]  # OpTimer: from cost_model.timer
 
 #: producer/consumer endpoint: ("var", unit id) | ("fixed", 0 or 1) | ("free", None) (a constant:
 #: stored in whatever dtype each reader wants) | ("choose", None) (a graph input without
@@ -193,6 +193,12 @@ class _CastTable:
         return np.where(paid, self.cost, 0.0).tolist()
 
 
+def chosen_input(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
+    """A graph input whose dtype the plan chooses (no keep_io_types, and a graph whose inputs can be
+    retyped: ``PrecisionGraph.inputs_retypable``)."""
+    return t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types and graph.inputs_retypable
+
+
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
@@ -227,7 +233,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
         # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
         if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
             return ("free", None)
-        if t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types and graph.inputs_retypable:
+        if chosen_input(graph, t, ctx):
             return ("choose", None)
         return fixed[t.dtype == low]
 
@@ -267,6 +273,82 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
                 energy.by_unit[v].append(idx)
     return energy
+
+
+def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
+    """The 'all FP16' ceiling: ``build_energy(...).total(all low)[0]`` with every op that may take the
+    low dtype eligible (``has_unit_ports and not inserted and not forbid_low``), without making that
+    energy or touching the ops. The same walk as ``build_energy``, each endpoint read as its value
+    under the all-low plan (a unit: 1; any other op: its precision), and the same floats summed in
+    the same order: op seconds outside the units then unavoidable casts (``fixed_time``), the
+    units' low times (``sum`` from 0), the terms' casts in term order (an unpaid term adds 0.0,
+    which changes no sum of non-negative costs). Tested against the rebuilt energy
+    (``tests/test_energy_tables.py``)."""
+    low = ctx.low_dtype
+    units: set[str] = set()
+    fixed_time, units_time = 0.0, 0
+    for op in graph.ops.values():
+        if not op.has_unit_ports or op.inserted:
+            continue
+        if not op.forbid_low:
+            units.add(op.name)
+            (_, seconds), _ = timer.costs(op, (FLOAT32, low))
+            units_time += seconds
+        else:
+            (seconds,), _ = timer.costs(op, (op.precision or FLOAT32,))
+            fixed_time += seconds
+
+    ops = graph.ops
+    absorbed = timer.absorbed_read if timer.groups.norms else None
+    keep_io, cast_time = ctx.keep_io_types, 0.0
+    for t in graph.tensors.values():
+        if t.dtype != FLOAT32 and t.dtype != low:
+            continue
+        own = int(t.dtype == low)
+        values: list[int] = []  # the endpoints' values under the plan (duplicates change no answer below)
+        var = False  # some endpoint is a unit
+        for cname, port in t.consumers:
+            if absorbed is not None and absorbed(t, cname):
+                continue
+            op = ops[cname]
+            role = op.input_roles[port] if op.input_roles else FIXED
+            if role == UNIT:
+                if cname in units:
+                    var = True
+                    values.append(1)
+                else:
+                    values.append(int(op.precision == low))
+            elif role != ANY:
+                values.append(own)
+        if t.is_graph_output and (keep_io or t.scope_output):
+            values.append(own)
+        if not values:
+            continue
+        if t.producer is not None:  # ``producer_end``
+            op = ops[t.producer]
+            role = op.output_roles[t.producer_port] if op.output_roles else FIXED
+            if role == UNIT:
+                kind, src = ("var", 1) if op.name in units else ("fixed", int(op.precision == low))
+            else:
+                kind, src = "fixed", own
+        elif t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
+            continue  # "free": stored in whatever dtype its consumers want
+        elif chosen_input(graph, t, ctx):
+            kind, src = "choose", None
+        else:
+            kind, src = "fixed", own
+        if kind == "choose":
+            if var:
+                if 0 in values and 1 in values:
+                    cast_time += timer.cast_time(t, low)
+            elif any(v != values[0] for v in values):
+                fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
+        elif any(v != src for v in values):
+            if var or kind == "var":
+                cast_time += timer.cast_time(t, low)
+            else:
+                fixed_time += timer.cast_time(t, low)
+    return fixed_time + units_time + cast_time
 
 
 def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,

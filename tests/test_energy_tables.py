@@ -1,17 +1,20 @@
 """The planner's shortcuts give what the plain code gives: signatures price like op by op,
-the cast table prices like ``term_cost``, on random graphs and random plans."""
+the cast table prices like ``term_cost``, the all-low ceiling like its rebuilt energy, on random
+graphs and random plans."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from tests.builders import rms_norm_stack
 from tests.test_planner_realised import _random_graph
 from amp_compiler.onnx_io.importer import import_model  # noqa: E402  isort: skip
 from amp_compiler.plan import make_context  # noqa: E402  isort: skip
-from passes import ClassifyPass, PropagatePass  # noqa: E402  isort: skip
-from passes.costs import OpTimer, TensorTerm, build_energy  # noqa: E402  isort: skip
+from passes import CastPass, ClassifyPass, ConvertPass, NumericsPass, PropagatePass  # noqa: E402  isort: skip
+from passes.costs import OpTimer, TensorTerm, all_low_time, build_energy  # noqa: E402  isort: skip
 
 
 def _planned(seed: int, runtime: str, keep_io_types: bool):
@@ -54,3 +57,48 @@ def test_cast_table_prices_like_term_cost(seed):
         assert energy.total(plan) == (
             energy.fixed_time + sum(energy.time_low[u] if plan[u] else energy.time_fp32[u] for u in units)
             + sum(costs), sum(1 for c in costs if c), sum(costs))
+
+
+def _all_low_rebuilt(graph, ctx, timer) -> float:
+    """The all-FP16 ceiling as it was first computed: every op that may go low made eligible, the
+    whole energy built again and priced all low (``passes.costs.all_low_time`` skips the build)."""
+    saved = {name: (op.eligible, op.unit) for name, op in graph.ops.items()}
+    for op in graph.ops.values():
+        op.eligible = op.has_unit_ports and not op.inserted and not op.forbid_low
+    energy = build_energy(graph, ctx, timer)
+    total = energy.total({u: 1 for u in energy.unit_ops})[0]
+    for name, (eligible, unit) in saved.items():
+        graph.ops[name].eligible, graph.ops[name].unit = eligible, unit
+    return total
+
+
+def _converted(m, runtime: str, keep_io_types: bool, dtype: str):
+    graph = import_model(m, default_dim=8).graph
+    graph.set_dim_sizes(8, None)
+    ctx = make_context(runtime=runtime, keep_io_types=keep_io_types, dtype=dtype)
+    for p in (ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass()):
+        p(graph, ctx)
+    return graph, ctx
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_all_low_ceiling_equals_the_rebuilt_energy(seed):
+    rng = random.Random(seed)
+    runtime = ["eager", "ort-cuda", "tensorrt", "inductor"][seed % 4]
+    gamma = lambda block, d: np.linspace(0.5, 1.5, d, dtype=np.float32)  # noqa: E731
+    # ort-cuda fuses the scaled RMSNorms: their reads are absorbed
+    m = rms_norm_stack(blocks=3, gamma=gamma) if seed % 4 == 1 else _random_graph(seed, n_ops=14)
+    graph, ctx = _converted(m, runtime, seed % 2 == 0, "bf16" if seed % 5 == 4 else "fp16")
+    timer = OpTimer(graph, ctx)
+    build_energy(graph, ctx, timer)  # as in the convert pass: the plan's energy first
+    before = [(op.eligible, op.unit) for op in graph.ops.values()]
+    assert all_low_time(graph, ctx, timer) == _all_low_rebuilt(graph, ctx, OpTimer(graph, ctx))
+    assert [(op.eligible, op.unit) for op in graph.ops.values()] == before
+    for share in (0.2, 0.5, 0.8, 1.0):  # other precisions and forbidden ops than the plan left
+        for op in graph.ops.values():
+            if op.has_unit_ports and rng.random() < share:
+                op.precision = rng.choice(["float32", ctx.low_dtype])
+                op.forbid_low = rng.choice([None, "test"])
+        assert all_low_time(graph, ctx, OpTimer(graph, ctx)) == _all_low_rebuilt(graph, ctx, OpTimer(graph, ctx))
+    CastPass()(graph, ctx)  # inserted casts are no units
+    assert all_low_time(graph, ctx, OpTimer(graph, ctx)) == _all_low_rebuilt(graph, ctx, OpTimer(graph, ctx))

@@ -70,3 +70,19 @@ def test_a_torchscript_export_plans_at_the_sizes_given(tmp_path):
     why = json.loads(rep.read_text())["summary"]["fp32_tensor_core_why"]
     if why:  # at the default 8 tokens the plan may be FP32 by cost; its advice names the inputs' dims first
         assert "symbolic dims sized 8: batch, seq" in why
+
+
+def test_an_op_the_symbolic_inference_cannot_shape_leaves_no_file_behind(tmp_path, monkeypatch):
+    """ONNX Runtime's tool saves ``sym_shape_infer_temp.onnx`` into the working directory when a
+    shape stays unknown; the conversion must not write there."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["flat"], name="flatten"),
+             helper.make_node("Plugin", ["flat"], ["p"], name="plugin", domain="com.example"),
+             helper.make_node("MatMul", ["flat", "W"], ["y"], name="proj")]
+    shape = helper.make_tensor("rows", TensorProto.INT64, [2], [-1, 64])
+    m = model(nodes, [fin("x", "batch", "seq", 64)], [fin("y", None, 1024), fin("p", None, 64)],
+              [shape, weight("W", 64, 1024)])
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+    monkeypatch.chdir(tmp_path)
+    summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
+    assert list(tmp_path.iterdir()) == []
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * 1024  # what it could shape is still used

@@ -66,7 +66,9 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     """
     registry = registry or DEFAULT_REGISTRY
     raw: dict[str, bytes] = {}
-    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw) if validate else infer_types(model)
+    rows: list[tuple] = []  # the main graph's nodes and their fields, as validation read them
+    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw, rows=rows) if validate \
+        else infer_types(model)
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" in opsets:
         opsets[""] = opsets["ai.onnx"]
@@ -76,14 +78,15 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     graph.set_dim_sizes(default_dim)
     imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None,
                      raw=raw)
-    _import_graph(imp, model.graph, "", types, opsets, registry, source)
+    _import_graph(imp, model.graph, "", types, opsets, registry, source, rows or None)
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
     return imp
 
 
 def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opsets: dict, registry: Registry,
-                  source: str) -> None:
+                  source: str, rows: list[tuple] | None = None) -> None:
+    """``rows``: ``g``'s nodes with their fields already read (``structure._node_rows``), if any."""
     graph = imp.graph
     imp.graphs[scope] = g
     for init in g.initializer:
@@ -107,9 +110,10 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
             dtype = _formal_input_dtype(graph, scope, k)
         _define(graph, Tensor(inp.name, dtype, shape, GRAPH_INPUT, scope=scope), source, scope)
     ops, tensors = graph.ops, graph.tensors
-    for idx, node in enumerate(g.node):  # each proto field read once: upb builds a new object per read
-        op_type, node_name, node_domain = node.op_type, node.name, node.domain
-        inputs, outputs, attributes = list(node.input), list(node.output), list(node.attribute)
+    if rows is None:  # each proto field read once: upb builds a new object per read
+        rows = [(node, list(node.output), list(node.input), node.domain, list(node.attribute), node.name,
+                 node.op_type) for node in g.node]
+    for idx, (node, outputs, inputs, node_domain, attributes, node_name, op_type) in enumerate(rows):
         name = node_name or f"{op_type}_{idx}"
         if scope:
             name = f"{scope}/{name}"

@@ -28,15 +28,18 @@ def node_label(node: NodeProto, idx: int) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
 
 
-def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> None:
+def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> list[tuple] | None:
     """Valid UTF-8 names, SSA names, no dangling inputs, graph outputs produced, no cycles; sorts
     acyclic out-of-order graphs. Each node's fields are read once (``_node_rows``): protobuf builds
-    a new Python object per field read, which dominated this check on 100k-node graphs."""
+    a new Python object per field read, which dominated this check on 100k-node graphs. Returns
+    the main graph's rows for the importer to reuse, or None where it sorted the nodes."""
     for o in model.opset_import:
         if _bad(o.domain):
             raise ConversionError(source, "opset_import", f"domain {o.domain!r} is not valid UTF-8")
     functions = {(f.domain, f.name) for f in model.functions}
-    _Structure(source, opsets, functions).graph(model.graph, frozenset(), "")
+    check = _Structure(source, opsets, functions)
+    check.graph(model.graph, frozenset(), "")
+    return check.main_rows
 
 
 def _bad(value) -> bool:
@@ -45,7 +48,8 @@ def _bad(value) -> bool:
 
 
 def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
-    """(node, outputs, inputs, domain, attributes) per node of ``g``, names checked for valid UTF-8."""
+    """(node, outputs, inputs, domain, attributes, name, op type) per node of ``g``, names checked
+    for valid UTF-8."""
     for kind, seq in (("graph input", g.input), ("graph output", g.output), ("value_info", g.value_info),
                       ("initializer", g.initializer)):
         for item in seq:
@@ -60,7 +64,7 @@ def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
             label = f"node #{idx}" + (f" ({op_type})" if isinstance(op_type, str) else "")
             raise ConversionError(source, label + where_g, "a name, op type, domain or attribute name is not "
                                                           "valid UTF-8")
-        rows.append((node, outputs, inputs, domain, attributes))
+        rows.append((node, outputs, inputs, domain, attributes, name, op_type))
     return rows
 
 
@@ -69,6 +73,7 @@ class _Structure:
         self.source, self.opsets, self.functions = source, opsets, functions
         self.seen: set[str] = set()  # every name defined so far, in any scope (for sibling renames)
         self.fresh = 0
+        self.main_rows: list[tuple] | None = None  # the main graph's rows, while its nodes are in them
 
     def graph(self, g: GraphProto, outer: frozenset[str], path: str) -> set[str]:
         """Check ``g`` (names in ``outer`` are visible from enclosing graphs); returns the outer names it uses."""
@@ -119,7 +124,7 @@ class _Structure:
         visible = outer | frozenset(defined)
         free: set[str] = set()
         deps: list[set[int]] = []
-        for idx, (node, _, inputs, domain, attributes) in enumerate(rows):
+        for idx, (node, _, inputs, domain, attributes, _, _) in enumerate(rows):
             def label() -> str:
                 return node_label(node, idx) + (f" in {where_g}" if path else "")
 
@@ -150,7 +155,8 @@ class _Structure:
                                       "is not produced by any node, graph input or initializer")
             if out.name not in defined:
                 free.add(out.name)
-        self._sort(g, deps, path)
+        if not self._sort(g, deps, path) and not path:
+            self.main_rows = rows
         self.seen.update(defined)
         return free
 
@@ -160,9 +166,10 @@ class _Structure:
             what = "the domain of a model function" if (node.domain, node.op_type) in self.functions else "domain"
             raise ConversionError(self.source, label(), f"{what} {node.domain!r} has no opset_import entry")
 
-    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> None:
+    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> bool:
+        """Put ``g``'s nodes in topological order; True if they were out of it (and are replaced)."""
         if all(d < i for i, ds in enumerate(deps) for d in ds):
-            return
+            return False
         order, stuck = stable_topological_order(deps)
         if stuck:
             cycle = _find_cycle(deps, stuck)
@@ -171,6 +178,7 @@ class _Structure:
             raise ConversionError(self.source, node_label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
                                   f"the graph has a cycle: {' -> '.join(names + names[:1])}")
         replace_nodes(g, [g.node[i] for i in order])
+        return True
 
     def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str], rows: list[tuple]) -> bool:
         """Names this subgraph defines that another, non-enclosing graph already defined get fresh

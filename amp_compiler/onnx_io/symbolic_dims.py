@@ -45,13 +45,11 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
     try:
-        inferred = SymbolicShapeInference.infer_shapes(_shape_model(light), auto_merge=True, guess_output_rank=False)
+        inferred = _symbolic_shapes(SymbolicShapeInference, _shape_model(light))
     except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
         return 0
     finally:
         logger.level = level
-    if inferred is None:
-        return 0
     related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
     declared = _dims(light.graph.input)
     adopted = ModelProto()
@@ -63,6 +61,18 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
         return 0
     light.CopyFrom(adopted)
     return changed
+
+
+def _symbolic_shapes(inference_class, model: ModelProto) -> ModelProto:
+    """``SymbolicShapeInference.infer_shapes`` without its side effect: where some shape stays
+    unknown it saves ``sym_shape_infer_temp.onnx`` into the working directory and raises; here what
+    it did infer is kept (the strict check in ``relate_dims`` vets it), and no file is written."""
+    inference = inference_class(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    inference._preprocess(model)
+    while inference.run_:
+        inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_
 
 
 def _shape_model(light: ModelProto) -> ModelProto:

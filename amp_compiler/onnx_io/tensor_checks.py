@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Iterator
 
 import onnx
-from onnx import ModelProto, TensorProto
+from onnx import GraphProto, ModelProto, TensorProto
 
 from ..errors import ConversionError
-from .structure import graphs, node_label
+from .structure import node_label
 from .mapped import inline_view, is_inline
 from .tensors import external_range, is_external, tensor_nbytes
 
@@ -41,7 +41,8 @@ def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None,
     importer and emitter do not copy them out of the proto again.
     """
     base = Path(base_dir).resolve() if base_dir is not None else None
-    for where, tensor, initializer in _labelled_tensors(model):
+    walked = _walk(model.graph, "", [])  # every graph, and its nodes' tensors, in one walk
+    for where, tensor, initializer in _labelled_tensors(walked):
         data = _check_tensor(tensor, where, source, base)
         if data is not None and raw is not None and initializer and tensor.data_type == TensorProto.FLOAT:
             raw[tensor.name] = data
@@ -50,7 +51,7 @@ def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None,
         if tt is not None and tt.elem_type not in VALID_CODES:
             what = "has no element type" if tt.elem_type == 0 else f"element type {tt.elem_type} is not an ONNX type"
             raise ConversionError(source, f"graph input {vi.name!r}", what)
-    for g, path in graphs(model.graph, ""):
+    for g, path, _ in walked:
         io: dict[str, tuple[str, onnx.TypeProto]] = {}  # a value that is a graph input and output: one type
         for kind, seq in (("graph input", g.input), ("graph output", g.output), ("value_info", g.value_info)):
             for vi in seq:
@@ -92,20 +93,35 @@ def _type_text(t: onnx.TypeProto) -> str:
     return f"{name}[{', '.join(dims)}]"
 
 
-def _labelled_tensors(model: ModelProto) -> Iterator[tuple[str, TensorProto, bool]]:
-    """(label, tensor, is an initializer) for every tensor of every graph."""
-    for g, path in graphs(model.graph, ""):
+def _walk(g: GraphProto, path: str, found: list) -> list[tuple[GraphProto, str, list]]:
+    """``[(graph, path, its nodes' attribute tensors as (label, tensor))]`` for ``g`` and every subgraph
+    in ``structure.graphs``' order and paths: each node's attributes read once for both."""
+    tensors: list[tuple[str, TensorProto]] = []
+    found.append((g, path, tensors))
+    suffix = f" of subgraph {path}" if path else ""
+    for idx, node in enumerate(g.node):
+        for a in node.attribute:
+            if a.HasField("t"):
+                tensors.append((f"{node_label(node, idx)}{suffix} attribute {a.name!r}", a.t))
+            for t in a.tensors:
+                tensors.append((f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t))
+            if a.HasField("g") or a.graphs:
+                subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+                for sub in subs:
+                    _walk(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}", found)
+    return found
+
+
+def _labelled_tensors(walked: list) -> Iterator[tuple[str, TensorProto, bool]]:
+    """(label, tensor, is an initializer) for every tensor of every graph (``_walk``)."""
+    for g, path, node_tensors in walked:
         suffix = f" of subgraph {path}" if path else ""
         for t in g.initializer:
             yield f"initializer {t.name!r}{suffix}", t, True
         for s in g.sparse_initializer:
             yield f"sparse initializer {s.values.name!r}{suffix}", s.values, False
-        for idx, node in enumerate(g.node):
-            for a in node.attribute:
-                if a.HasField("t"):
-                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", a.t, False
-                for t in a.tensors:
-                    yield f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t, False
+        for label, t in node_tensors:
+            yield label, t, False
 
 
 def _check_tensor(t: TensorProto, where: str, source: str, base: Path | None) -> bytes | memoryview | None:

@@ -31,14 +31,19 @@ _OLDEST_OPSET = 6
 
 
 def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | Path | None = None,
-                   raw: dict[str, bytes] | None = None) -> dict[str, tuple[int, tuple | None]]:
+                   raw: dict[str, bytes] | None = None,
+                   rows: list | None = None) -> dict[str, tuple[int, tuple | None]]:
     """Check ``model`` (steps 1-5 above); returns inferred ``{value name: (elem_type, shape)}``.
-    ``raw`` receives the float32 initializers' bytes that step 3 reads (``tensor_checks``).
+    ``raw`` receives the float32 initializers' bytes that step 3 reads (``tensor_checks``);
+    ``rows`` the main graph's nodes with the fields step 2 read of each (``structure._node_rows``),
+    unless step 2 sorted them, for the importer to read no node twice.
 
     May rename values reused by sibling subgraphs and sort out-of-order nodes, in place.
     """
     opsets = check_header(model, source)
-    check_structure(model, source, opsets)
+    main_rows = check_structure(model, source, opsets)
+    if rows is not None and main_rows is not None:
+        rows.extend(main_rows)
     check_tensors(model, source, base_dir, raw)
     light = light_copy(model)
     run_checker(light, source)
