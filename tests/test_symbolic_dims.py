@@ -41,6 +41,14 @@ def test_a_reshaped_tensor_is_sized_by_the_inputs_dims():
     assert default["gemm_flops"] == 2 * (8 * 8) * 64 * 1024
 
 
+def test_a_declared_dim_named_apart_from_the_inputs_takes_the_related_one():
+    """The TorchScript exporter declares value_info with dims of its own naming (``Reshape_out_dim_0``)."""
+    m = _flattened_projection()
+    m.graph.value_info.append(fin("flat", "Reshape_out_dim_0", 64))
+    summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * 1024
+
+
 def test_a_torchscript_export_plans_at_the_sizes_given(tmp_path):
     """``torch.onnx.export(dynamo=False)`` names every Reshape output anew: without relating them
     the Llama's GEMMs stayed sized 8 at ``--dim seq=2048`` and the plan was the tiny model's."""

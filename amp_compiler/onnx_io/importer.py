@@ -236,12 +236,29 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
 
 
 def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
-    """dtype and shape of every value the model declares; shape inference (``inferred``) fills the gaps."""
+    """dtype and shape of every value the model declares; shape inference (``inferred``) fills the
+    gaps, and the dims a declaration leaves unknown or names apart from the inputs' dims (the
+    TorchScript exporter's ``Mul_out_dim_0``) where inference related them (``symbolic_dims``)."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
     _declared_types(model.graph, types, {})
+    inputs = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for name, (code, shape) in inferred.items():
-        types.setdefault(name, (onnx_to_dtype(code), shape))
+        found = types.get(name)
+        if found is None:
+            types[name] = (onnx_to_dtype(code), shape)
+        elif shape is not None and found[1] != shape:
+            types[name] = (found[0], _related_shape(found[1], shape, inputs))
     return types
+
+
+def _related_shape(declared: tuple | None, inferred: tuple, inputs: set[str]) -> tuple:
+    """``declared`` with each dim it leaves unknown, or names apart from the inputs' dims, taken
+    from ``inferred`` (same rank only)."""
+    if declared is None:
+        return inferred
+    if len(declared) != len(inferred):
+        return declared
+    return tuple(d if isinstance(d, int) or d in inputs or i is None else i for d, i in zip(declared, inferred))
 
 
 def _declared_types(g: GraphProto, types: dict, memo: dict) -> None:
