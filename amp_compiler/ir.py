@@ -44,7 +44,9 @@ class PortGroup:
     ``fixed_type`` marks a port that keeps its source dtype: its schema type is one
     concrete dtype, or its dtype flows through a sequence/optional value;
     ``binds_output`` says the type parameter also types an output of the schema,
-    present on this node or not (so the group's dtype flows into the op's results).
+    present on this node or not (so the group's dtype flows into the op's results);
+    ``later_opsets``: (low dtype, opset) for each low dtype the schema refuses here and a later
+    opset's accepts (ONNX's Conv takes bfloat16 from opset 22), for the reason to say so.
     """
 
     param: str
@@ -53,6 +55,7 @@ class PortGroup:
     allowed: frozenset[str]
     fixed_type: bool = False
     binds_output: bool = False
+    later_opsets: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)

@@ -153,8 +153,10 @@ def _roles(op: Op, row: OpDef | None, ctx: PlanContext, known: bool, in_dtypes: 
     forbid_low = op.forbid_low
     for group, ins, outs in refused:  # only where the registry left the ports in the unit
         if forbid_low is None and (any(in_roles[i] == UNIT for i in ins) or any(out_roles[o] == UNIT for o in outs)):
+            later = dict(group.later_opsets).get(ctx.low_dtype)
             forbid_low = (f"the {op.op_type} schema (opset {group.param.rpartition('@v')[2]}) "
-                          f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}")
+                          f"does not accept {short(ctx.low_dtype)} for {group.param.partition('@')[0]}"
+                          + (f" (opset {later} does: re-export at it)" if later else ""))
     if row is not None and row.fp32_only and forbid_low is None:
         forbid_low = row.fp32_only
     unit_dtypes = [dtype_out(o) for o, r in enumerate(out_roles) if r == UNIT] + \

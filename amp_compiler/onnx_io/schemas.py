@@ -57,5 +57,31 @@ def port_groups(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs:
     output_params = {formal.type_str for formal in schema.outputs if formal.type_str in params}
     return tuple(PortGroup(f"{k}@v{schema.since_version}", tuple(i), tuple(o), f,
                            fixed_type=through_container or k.partition(":")[0] not in params,
-                           binds_output=k in output_params)
+                           binds_output=k in output_params,
+                           later_opsets=_later_opsets(op_type, domain, schema.since_version, k, f))
                  for k, (i, o, f) in members.items())
+
+
+def _later_opsets(op_type: str, domain: str, since: int, param: str, allowed: frozenset[str]) -> tuple:
+    if "float32" not in allowed:
+        return ()
+    found = ((dtype, first_opset_accepting(op_type, domain, since, param, dtype))
+             for dtype in ("float16", "bfloat16") if dtype not in allowed)
+    return tuple((dtype, opset) for dtype, opset in found if opset)
+
+
+@lru_cache(maxsize=None)
+def first_opset_accepting(op_type: str, domain: str, since: int, param: str, dtype: str) -> int | None:
+    """The first opset after the schema version ``since`` whose ``op_type`` lets type parameter
+    ``param`` take ``dtype`` (Conv takes bfloat16 from opset 22), or None."""
+    wanted = _ONNX_NAMES.get(dtype)
+    for schema in sorted(_history(op_type, domain), key=lambda s: s.since_version):
+        if schema.since_version > since and any(
+                tc.type_param_str == param and wanted in tc.allowed_type_strs for tc in schema.type_constraints):
+            return schema.since_version
+    return None
+
+
+@lru_cache(maxsize=None)
+def _history(op_type: str, domain: str) -> tuple:
+    return tuple(s for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == domain)
