@@ -967,3 +967,15 @@ def test_options_that_would_be_ignored_or_cannot_feed_the_model(tmp_path, capsys
     fill = {"inp": inp, "npz": npz}
     assert_refused(capsys, inp, message.format(**fill), out=tmp_path / "out.onnx",
                    extra=[e.format(**fill) for e in extra], inputs=[npz])
+
+
+def test_a_low_dtype_the_cpu_runtime_cannot_run_points_to_the_reference_evaluator(tmp_path, capsys):
+    """ONNX Runtime's CPU provider has no BF16 GEMM: --validate there names the way that can run it."""
+    inp = save(mlp(), tmp_path / "m" / "model.onnx")
+    out = tmp_path / "model.mp.onnx"
+    status, err = run_cli([inp, "-o", out, "--dtype", "bf16", "--planner", "all", "--validate"], capsys)
+    assert status == 2 and not out.exists()
+    assert "NOT_IMPLEMENTED" in err[-1] and "--runtime reference" in err[-1]
+    status, _ = run_cli([inp, "-o", out, "--dtype", "bf16", "--planner", "all", "--validate", "--runtime", "reference"],
+                        capsys)
+    assert status == 0 and out.exists()
