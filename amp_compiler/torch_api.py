@@ -177,9 +177,11 @@ class AmpModule(torch.nn.Module):
         plan = self._cache.get(key)
         out = _NOT_RUN
         if plan is None and not self._route.evicts and len(self._cache.plans) >= self._cache.limit:
+            symbolic = ("pass dynamic_shapes" if self._route.name == EXPORT else
+                        "dynamic_shapes needs a model torch.export captures, and this one was captured by dynamo")
             warnings.warn(f"amp_compiler: {self._source} holds max_plans={self._cache.limit} plans; a call with "
-                          f"shapes {describe_key(args, kwargs)} runs the FP32 model (raise max_plans, or pass "
-                          f"dynamic_shapes)", stacklevel=3)
+                          f"shapes {describe_key(args, kwargs)} runs the FP32 model (raise max_plans; {symbolic})",
+                          stacklevel=3)
             return Plan(self._route.model, None, describe_key(args, kwargs)), _NOT_RUN
         if plan is None:
             plan, out = self._route.plan(args, kwargs)

@@ -88,3 +88,24 @@ def test_what_would_change_an_fp32_plan_is_said_in_the_torch_api_s_words():
     assert why.startswith("FP32 by cost (eager)")
     assert 'would change it: backend="inductor" (casts fuse), objective="memory"' in why
     assert "--deploy" not in why
+
+
+def test_decode_steps_beyond_max_plans_warn_and_run_the_fp32_model():
+    """Each cache length is a plan on the dynamo route; past max_plans a step warns, names what would
+    help on this route, and still returns the FP32 model's answer."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), max_plans=2)
+    with torch.no_grad():
+        out, ref = amp(input_ids=ids), model(input_ids=ids)
+        token = ids[:, -1:]
+        out = amp(input_ids=token, past_key_values=out.past_key_values)  # the second plan
+        ref = model(input_ids=token, past_key_values=ref.past_key_values)
+        with pytest.warns(UserWarning, match="max_plans=2 plans.*runs the FP32 model.*captured by dynamo"):
+            out = amp(input_ids=token, past_key_values=out.past_key_values)
+        ref = model(input_ids=token, past_key_values=ref.past_key_values)
+    assert amp.plans == 2
+    assert _rel(out.logits, ref.logits) < 1e-5  # the FP32 model's answer
