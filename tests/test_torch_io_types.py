@@ -1,6 +1,6 @@
-"""``keep_io_types=False`` on the torch path: outputs come back in the dtype they were computed in,
-while inputs, which are the caller's tensors, are cast inside the graph (they cannot be retyped as
-an ONNX file's declared inputs are: ``PrecisionGraph.inputs_retypable``)."""
+"""Graph inputs and outputs on the torch path. Inputs are the caller's tensors, cast inside the graph
+(they cannot be retyped as an ONNX file's declared inputs are: ``PrecisionGraph.inputs_retypable``);
+outputs keep their dtypes by default, and with ``keep_io_types=False`` come back as computed."""
 
 from __future__ import annotations
 
@@ -49,19 +49,39 @@ def _cache_in(cache, dtype: torch.dtype):
     return cache
 
 
-def test_decoder_steps_take_caches_in_either_dtype():
+def test_with_defaults_inputs_and_outputs_keep_their_dtypes():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    x = torch.randn(64, 512)
+    amp = amp_compiler.compile(model, x)
+    with torch.no_grad():
+        out, ref = amp(x), model(x)
+    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    assert out.dtype == torch.float32 and _rel(out, ref) < 1e-2
+    reasons = {c["reason"] for c in amp.report.casts}  # the input cast in, the output cast back
+    assert {"graph input arrives in the caller's dtype", "graph output keeps its dtype (keep_io_types)"} <= reasons
+
+
+@pytest.mark.parametrize("options", [{}, {"keep_io_types": False, "target": "a100"}], ids=["defaults", "low-io-a100"])
+def test_decoder_steps_take_caches_in_either_dtype(options):
     """Prefill, then decode steps on the dynamo route fed the cache in FP16 (as autocast or an FP16
-    plan returns it) and in FP32: each call gets a plan of its own and matches the FP32 model."""
+    plan returns it) and in FP32: each call gets a plan of its own and matches the FP32 model. With
+    defaults the logits keep FP32; without keep_io_types on an A100 (FP16 pays at this width) the
+    LM head's FP16 output comes back as computed."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=4, vocab_size=1000)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 1000, (1, 32))
-    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), keep_io_types=False, target="a100")
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), **options)
     with torch.no_grad():
         out, ref = amp(input_ids=ids), model(input_ids=ids)
-        assert amp.report.summary["fp16_gemm_flop_fraction"] > 0.5
-        assert out.logits.dtype == torch.float16  # the LM head's output, as computed
+        if options:
+            assert amp.report.summary["fp16_gemm_flop_fraction"] > 0.5
+            assert out.logits.dtype == torch.float16
+        else:
+            assert out.logits.dtype == torch.float32
+            assert out.past_key_values.layers[0].keys.dtype == torch.float32
         token = ids[:, -1:]
         expected = model(input_ids=token, past_key_values=copy.deepcopy(ref.past_key_values)).logits
         for dtype in (torch.float16, torch.float32):
