@@ -199,6 +199,52 @@ def chosen_input(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:
     return t.kind == GRAPH_INPUT and not t.scope and not ctx.keep_io_types and graph.inputs_retypable
 
 
+def tensor_endpoints(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, units: dict[str, int]):
+    """``(tensor, producer endpoint, reader endpoints)`` of each float tensor in the planned dtypes,
+    in graph order, with ``units`` (op name -> unit id) the ops whose dtype is the plan's: the one walk
+    ``build_energy`` terms come from and ``all_low_time`` prices. Readers that read the same value
+    twice (x * x) are one endpoint; a fused RMSNorm's read of its input is none."""
+    low = ctx.low_dtype
+    fixed = (("fixed", 0), ("fixed", 1))  # the endpoints of a fixed FP32 / low dtype, made once
+    ops = graph.ops
+
+    def producer_end(t: Tensor) -> Endpoint:
+        if t.producer is not None:
+            op = ops[t.producer]
+            role = op.output_roles[t.producer_port] if op.output_roles else FIXED
+            if role == UNIT:
+                return ("var", units[op.name]) if op.name in units else fixed[op.precision == low]
+            return fixed[t.dtype == low]
+        # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
+        if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
+            return ("free", None)
+        if chosen_input(graph, t, ctx):
+            return ("choose", None)
+        return fixed[t.dtype == low]
+
+    absorbed = timer.absorbed_read if timer.groups.norms else None  # no fused RMSNorm: no read absorbed
+    for t in graph.tensors.values():
+        if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
+            continue
+        own = fixed[t.dtype == low]  # the tensor's dtype is float: any role but unit/any keeps it
+        ends: list[Endpoint] = []
+        for cname, port in t.consumers:
+            if absorbed is not None and absorbed(t, cname):
+                continue  # a fused RMSNorm reads it as stored: no cast (cost_model/norm_pattern.py)
+            op = ops[cname]
+            role = op.input_roles[port] if op.input_roles else FIXED
+            if role == UNIT:
+                uid = units.get(cname)
+                ends.append(("var", uid) if uid is not None else fixed[op.precision == low])
+            elif role != ANY:
+                ends.append(own)
+        if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
+            ends.append(own)
+        if len(ends) > 1:
+            ends = list(dict.fromkeys(ends))
+        yield t, producer_end(t), ends
+
+
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
@@ -221,44 +267,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.fixed_time += seconds
             energy.fixed_memory += held
 
-    fixed = (("fixed", 0), ("fixed", 1))  # the endpoints of a fixed FP32 / low dtype, made once
-
-    def producer_end(t: Tensor) -> Endpoint:
-        if t.producer is not None:
-            op = graph.ops[t.producer]
-            role = op.output_roles[t.producer_port] if op.output_roles else FIXED
-            if role == UNIT:
-                return ("var", units[op.name]) if op.name in units else fixed[op.precision == low]
-            return fixed[t.dtype == low]
-        # stored in whatever dtype its consumers want (PARAMETERs and run-time-cast constants are not)
-        if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
-            return ("free", None)
-        if chosen_input(graph, t, ctx):
-            return ("choose", None)
-        return fixed[t.dtype == low]
-
-    ops = graph.ops
-    absorbed = timer.absorbed_read if timer.groups.norms else None  # no fused RMSNorm: no read absorbed
-    for t in graph.tensors.values():
-        if t.dtype != FLOAT32 and t.dtype != low:  # float tensors in the planned dtypes only
-            continue
-        own = fixed[t.dtype == low]  # the tensor's dtype is float: any role but unit/any keeps it
-        ends: list[Endpoint] = []
-        for cname, port in t.consumers:
-            if absorbed is not None and absorbed(t, cname):
-                continue  # a fused RMSNorm reads it as stored: no cast (cost_model/norm_pattern.py)
-            op = ops[cname]
-            role = op.input_roles[port] if op.input_roles else FIXED
-            if role == UNIT:
-                uid = units.get(cname)
-                ends.append(("var", uid) if uid is not None else fixed[op.precision == low])
-            elif role != ANY:
-                ends.append(own)
-        if t.is_graph_output and (ctx.keep_io_types or t.scope_output):
-            ends.append(own)
-        if len(ends) > 1:
-            ends = list(dict.fromkeys(ends))  # a reader of the same value twice (x * x) is one endpoint
-        prod = producer_end(t)
+    for t, prod, ends in tensor_endpoints(graph, ctx, timer, units):
         if t.kind in (CONSTANT, PARAMETER) and ends:
             _weight_memory(graph, energy, t, prod, ends, low)
         if not ends or prod[0] == "free":
@@ -278,76 +287,38 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
 def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
     """The 'all FP16' ceiling: ``build_energy(...).total(all low)[0]`` with every op that may take the
     low dtype eligible (``has_unit_ports and not inserted and not forbid_low``), without making that
-    energy or touching the ops. The same walk as ``build_energy``, each endpoint read as its value
-    under the all-low plan (a unit: 1; any other op: its precision), and the same floats summed in
-    the same order: op seconds outside the units then unavoidable casts (``fixed_time``), the
-    units' low times (``sum`` from 0), the terms' casts in term order (an unpaid term adds 0.0,
-    which changes no sum of non-negative costs). Tested against the rebuilt energy
-    (``tests/test_energy_tables.py``)."""
+    energy or touching the ops: ``build_energy``'s walk (``tensor_endpoints``), each endpoint read as
+    its value under the all-low plan (a unit: 1; a fixed dtype: its own), and the same floats summed
+    in the same order: op seconds outside the units then unavoidable casts (``fixed_time``), the
+    units' low times (``sum`` from 0), the terms' casts in term order. Tested against the rebuilt
+    energy (``tests/test_energy_tables.py``)."""
     low = ctx.low_dtype
-    units: set[str] = set()
+    units: dict[str, int] = {}
     fixed_time, units_time = 0.0, 0
     for op in graph.ops.values():
         if not op.has_unit_ports or op.inserted:
             continue
         if not op.forbid_low:
-            units.add(op.name)
+            units[op.name] = len(units)
             (_, seconds), _ = timer.costs(op, (FLOAT32, low))
             units_time += seconds
         else:
             (seconds,), _ = timer.costs(op, (op.precision or FLOAT32,))
             fixed_time += seconds
 
-    ops = graph.ops
-    absorbed = timer.absorbed_read if timer.groups.norms else None
-    keep_io, cast_time = ctx.keep_io_types, 0.0
-    for t in graph.tensors.values():
-        if t.dtype != FLOAT32 and t.dtype != low:
+    cast_time = 0.0
+    for t, prod, ends in tensor_endpoints(graph, ctx, timer, units):
+        if not ends or prod[0] == "free":
             continue
-        own = int(t.dtype == low)
-        values: list[int] = []  # the endpoints' values under the plan (duplicates change no answer below)
-        var = False  # some endpoint is a unit
-        for cname, port in t.consumers:
-            if absorbed is not None and absorbed(t, cname):
-                continue
-            op = ops[cname]
-            role = op.input_roles[port] if op.input_roles else FIXED
-            if role == UNIT:
-                if cname in units:
-                    var = True
-                    values.append(1)
-                else:
-                    values.append(int(op.precision == low))
-            elif role != ANY:
-                values.append(own)
-        if t.is_graph_output and (keep_io or t.scope_output):
-            values.append(own)
-        if not values:
-            continue
-        if t.producer is not None:  # ``producer_end``
-            op = ops[t.producer]
-            role = op.output_roles[t.producer_port] if op.output_roles else FIXED
-            if role == UNIT:
-                kind, src = ("var", 1) if op.name in units else ("fixed", int(op.precision == low))
-            else:
-                kind, src = "fixed", own
-        elif t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
-            continue  # "free": stored in whatever dtype its consumers want
-        elif chosen_input(graph, t, ctx):
-            kind, src = "choose", None
-        else:
-            kind, src = "fixed", own
-        if kind == "choose":
-            if var:
-                if 0 in values and 1 in values:
-                    cast_time += timer.cast_time(t, low)
-            elif any(v != values[0] for v in values):
+        values = [1 if kind == "var" else v for kind, v in ends]
+        if prod[0] in ("fixed", "choose") and all(kind == "fixed" for kind, _ in ends):
+            if any(v != (prod[1] if prod[0] == "fixed" else values[0]) for v in values):
                 fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
-        elif any(v != src for v in values):
-            if var or kind == "var":
+        elif prod[0] == "choose":
+            if 0 in values and 1 in values:  # a chosen input read in both dtypes
                 cast_time += timer.cast_time(t, low)
-            else:
-                fixed_time += timer.cast_time(t, low)
+        elif any(v != (1 if prod[0] == "var" else prod[1]) for v in values):
+            cast_time += timer.cast_time(t, low)
     return fixed_time + units_time + cast_time
 
 
