@@ -18,8 +18,8 @@ __all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
 
 
 def unplanned_float(graph: PrecisionGraph, op) -> str | None:
-    """The float dtype other than FP32 and the plan's low one that ``op`` computes in (a float64
-    model), or None."""
+    """``"float64"`` when ``op`` computes on a float64 value that is not a constant (a float64
+    model: plans convert float32 ops only), else None."""
     for name in (*op.inputs, *op.outputs):
         t = graph.tensors.get(name) if name else None
         if t is not None and t.dtype == FLOAT64 and not t.is_constant:
