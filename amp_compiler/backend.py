@@ -9,7 +9,9 @@ Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes
 ``planner``, ``keep_io_types``, ``default_dim``, ``deny_propagation``, ``deploy``,
 ``objective`` -- as for ``amp_compiler.compile`` --
 ``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
-requires grad), and ``on_report`` (a callable that receives each graph's ``Report``).
+requires grad), ``on_report`` (a callable that receives each graph's ``Report`` when it is
+planned) and ``on_run`` (one called with that ``Report`` each time the graph runs: which plan a
+call used, when dynamo picks among several).
 The last reports are also kept in ``amp_compiler.backend.reports``.
 
 Weights reach dynamo graphs as inputs. For inference their FP16 copies are made once and
@@ -44,7 +46,7 @@ from .report import Report
 NAME = "amp_compiler"
 _PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
                  "deny_propagation", "objective")
-_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "source", "deploy"))
+_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "on_run", "source", "deploy"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)
 
@@ -89,11 +91,15 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
         from torch._inductor.compile_fx import compile_fx
 
         inner = compile_fx(views_as_reshapes(aten), list(example_inputs))
-    if not folded.entries:
+    on_run = opts.get("on_run")
+    if not folded.entries and on_run is None:
         return inner
 
     def run(*args: Any) -> Any:
-        folded.refresh(aten, args)
+        if on_run is not None:
+            on_run(report)
+        if folded.entries:
+            folded.refresh(aten, args)
         return inner(*args)
 
     return run

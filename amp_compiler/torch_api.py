@@ -14,10 +14,12 @@ naming the module and the construct, and what to try next.
 
 The module returned, an ``AmpModule``, shares the model's parameters, buffers and
 submodules (its ``state_dict`` is the model's), keeps the forward's signature and output
-dtypes, and plans per call shape: a call whose shapes (or dtypes, or non-tensor
-arguments) differ from every plan's is captured and planned again, up to
-``max_plans`` plans (least recently used dropped first). ``amp_model.plans`` says how
-many exist, ``amp_model.report`` is the report of the plan the last call used.
+dtypes, and plans per call shape. On the export route a call whose shapes (or dtypes, or
+non-tensor arguments) differ from every plan's is captured and planned again, up to
+``max_plans`` plans (least recently used dropped first); on the dynamo route a dim seen at a
+second size gets one symbolic plan that later sizes share, as ``torch.compile`` does by
+default. ``amp_model.plans`` says how many exist, ``amp_model.report`` is the report of
+the plan the last call used.
 
 * inference (``training=False``, the default for a model in eval mode): every weight an
   FP16 op reads is cast once, at plan time, into an FP16 buffer and reused; the copy is
@@ -57,10 +59,10 @@ EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
 
 
 class _ExportRoute:
-    """One ``torch.export`` capture and plan per call key."""
+    """One ``torch.export`` capture and plan per call key (least recently used dropped beyond
+    ``max_plans``: it is captured again if its shapes come back)."""
 
     name = EXPORT
-    evicts = True  # a dropped plan is just re-captured when its shapes come back
 
     def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any) -> None:
         self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
@@ -68,7 +70,16 @@ class _ExportRoute:
     def key(self, args: tuple, kwargs: dict):
         return call_key(args, kwargs, sizes=self.dynamic_shapes is None)
 
-    def plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+    def call(self, cache: PlanCache, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        """Run one call on its key's plan, captured and planned first if the cache has none."""
+        key = self.key(args, kwargs)
+        plan = cache.get(key)
+        if plan is None:
+            plan = cache.put(key, self.plan(args, kwargs))
+        return plan, plan.run(*args, **kwargs)
+
+    def plan(self, args: tuple, kwargs: dict) -> Plan:
+        """Capture the call with torch.export and plan the graph (sized by the call's shapes)."""
         o = self.opts
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=self.dynamic_shapes)
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
@@ -87,42 +98,46 @@ class _ExportRoute:
                 folded.refresh(gm)
             return inner(*a, **k)
 
-        return Plan(run, report, describe_key(args, kwargs), gm), _NOT_RUN
+        return Plan(run, report, describe_key(args, kwargs), gm)
 
 
 class _DynamoRoute:
-    """``torch.compile`` with the amp_compiler backend (static shapes: one set of graphs per call key)."""
+    """``torch.compile`` with the amp_compiler backend and dynamo's default shapes
+    (``dynamic=None``): a call's first shapes get a static graph, and a dim seen at a second
+    size a symbolic one, sized by that call, which later sizes reuse (a decode loop's growing
+    cache shares one plan). Dynamo picks the graphs each call runs; the backend's ``on_run``
+    tells the route which, so the plan a call used is the set of graphs that ran."""
 
     name = DYNAMO
-    evicts = False  # dynamo keeps its compiled graphs: beyond max_plans new shapes run the FP32 model
 
     def __init__(self, model: torch.nn.Module, opts: dict, source: str) -> None:
-        self.model, self.source, self.collected = model, source, None
-        options = {**opts, "on_report": self._collect}
+        self.model, self.source = model, source
+        self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
+        options = {**opts, "on_run": lambda report: self._ran.append(report)}
         self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
-                                      dynamic=False)
+                                      dynamic=None)
 
-    def _collect(self, report: Report) -> None:
-        if self.collected is not None:
-            self.collected.append(report)
-
-    def key(self, args: tuple, kwargs: dict):
-        return call_key(args, kwargs), torch.is_grad_enabled()  # dynamo guards on grad mode too
-
-    def plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Runs the call (dynamo compiles while running it); returns the plan and the call's output."""
-        self.collected = []
-        try:  # the limit is dynamo's per code object, shared with every model of the class: ours is max_plans
-            with torch._dynamo.config.patch(recompile_limit=1 << 20):
-                out = self.compiled(*args, **kwargs)
-            reports = self.collected
-        finally:
-            self.collected = None
-        report = merge_reports(reports, self.source, self.name) if reports else None
-        return Plan(self.compiled, report, describe_key(args, kwargs)), out
-
-
-_NOT_RUN = object()
+    def call(self, cache: PlanCache, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        """Run one call through dynamo. Once ``cache`` holds ``cache.limit`` plans, a call that would
+        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
+        at_limit = len(cache.plans) >= cache.limit
+        self._ran = []
+        stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
+        # dynamo's own recompile limit is per code object, shared with every model of the class: ours is max_plans
+        with torch._dynamo.config.patch(recompile_limit=1 << 20), stance:
+            out = self.compiled(*args, **kwargs)
+        key = tuple(id(report) for report in self._ran)
+        plan = cache.get(key)
+        if plan is None:
+            if at_limit:
+                warnings.warn(f"amp_compiler: {self.source} holds max_plans={cache.limit} plans; a call with shapes "
+                              f"{describe_key(args, kwargs)} ran {'partly ' if self._ran else ''}on the FP32 model "
+                              f"(raise max_plans)", stacklevel=5)
+            report = merge_reports(self._ran, self.source, self.name) if self._ran else None
+            plan = Plan(self.compiled, report, describe_key(args, kwargs))
+            if self._ran and not at_limit:
+                cache.put(key, plan)
+        return plan, out
 
 
 def _context(opts: dict):
@@ -145,12 +160,12 @@ def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, flo
 class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
-    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, limit: int) -> None:
+    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, cache: PlanCache) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
         self.training = training
-        self.__dict__.update(_route=route, _cache=PlanCache(limit), _last=None, _source=source)
+        self.__dict__.update(_route=route, _cache=cache, _last=None, _source=source)
 
     @property
     def capture(self) -> str:
@@ -172,26 +187,10 @@ class AmpModule(torch.nn.Module):
         """``(call shapes, report)`` of each plan held, least recently used first."""
         return [(p.shapes, p.report) for p in self._cache.plans.values()]
 
-    def _plan(self, args: tuple, kwargs: dict) -> Any:
-        key = self._route.key(args, kwargs)
-        plan = self._cache.get(key)
-        out = _NOT_RUN
-        if plan is None and not self._route.evicts and len(self._cache.plans) >= self._cache.limit:
-            symbolic = ("pass dynamic_shapes" if self._route.name == EXPORT else
-                        "dynamic_shapes needs a model torch.export captures, and this one was captured by dynamo")
-            warnings.warn(f"amp_compiler: {self._source} holds max_plans={self._cache.limit} plans; a call with "
-                          f"shapes {describe_key(args, kwargs)} runs the FP32 model (raise max_plans; {symbolic})",
-                          stacklevel=3)
-            return Plan(self._route.model, None, describe_key(args, kwargs)), _NOT_RUN
-        if plan is None:
-            plan, out = self._route.plan(args, kwargs)
-            self._cache.put(key, plan)
-        self.__dict__["_last"] = plan
-        return plan, out
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        plan, out = self._plan(args, kwargs)
-        return plan.run(*args, **kwargs) if out is _NOT_RUN else out
+        plan, out = self._route.call(self._cache, args, kwargs)
+        self.__dict__["_last"] = plan
+        return out
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -234,7 +233,9 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
     called with; their shapes size the cost model; other shapes get plans of their own
     (at most ``max_plans``), or, with ``dynamic_shapes`` (as for ``torch.export``), share
-    one symbolic plan sized by the example. ``target`` is the device the plan is for,
+    one symbolic plan sized by the example; a model only dynamo captures (a cache output, a
+    data-dependent branch) gets a symbolic plan for a dim once it takes a second size, which
+    later sizes share (a decode loop). ``target`` is the device the plan is for,
     ``dtype`` float16 or bfloat16, ``planner`` "optimal" (min-cut) or "greedy". ``allow`` /
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``
@@ -264,35 +265,29 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes)
+    cache = PlanCache(max_plans)
     try:
-        plan, _ = route.plan(args, kwargs)
+        plan = cache.put(route.key(args, kwargs), route.plan(args, kwargs))
     except ConversionError as export_error:
         if dynamic_shapes is not None:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
         route = _DynamoRoute(model, opts, source)
-        plan = _dynamo_or_raise(route, model, args, kwargs, export_error, training)
-    amp = AmpModule(model, route, model.training, source, max_plans)
-    amp._cache.put(route.key(args, kwargs) if route.name == EXPORT else _grad_key(route, args, kwargs, training),
-                   plan)
+        plan = _dynamo_or_raise(route, cache, model, args, kwargs, export_error, training)
+    amp = AmpModule(model, route, model.training, source, cache)
     amp.__dict__["_last"] = plan
     return amp
-
-
-def _grad_key(route: "_DynamoRoute", args: tuple, kwargs: dict, training: bool):
-    with _grad_mode(training):
-        return route.key(args, kwargs)
 
 
 def _grad_mode(training: bool):
     return contextlib.nullcontext() if training else torch.no_grad()
 
 
-def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
+def _dynamo_or_raise(route: "_DynamoRoute", cache: PlanCache, model: torch.nn.Module, args: tuple, kwargs: dict,
                      export_error: ConversionError, training: bool) -> Plan:
-    """The dynamo route's plan of the example call, or one error naming module and construct."""
+    """The dynamo route's plan of the example call (run once to compile), or one error naming module and construct."""
     try:
         with _grad_mode(training):
-            plan, _ = route.plan(args, kwargs)
+            plan, _ = route.call(cache, args, kwargs)
         if plan.report is not None:
             return plan
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"

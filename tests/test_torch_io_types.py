@@ -5,6 +5,7 @@ outputs keep their dtypes by default, and with ``keep_io_types=False`` come back
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 
@@ -110,13 +111,40 @@ def test_what_would_change_an_fp32_plan_is_said_in_the_torch_api_s_words():
     assert "--deploy" not in why
 
 
-def test_decode_steps_beyond_max_plans_warn_and_run_the_fp32_model():
-    """Each cache length is a plan on the dynamo route; past max_plans a step warns, names what would
-    help on this route, and still returns the FP32 model's answer."""
+def _llama(width: int, vocab: int):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
+    """On the dynamo route the first decode step is planned for its shapes and the second, whose
+    cache length differs, symbolically: every later step reuses that plan (no capture per token),
+    runs it in FP16 and matches the FP32 model."""
+    model = _llama(256, 1000)
+    ids = torch.randint(0, 1000, (1, 16))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), keep_io_types=False, target="a100")
+    assert amp.capture.startswith("torch.compile")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no max_plans warning: the loop stays within three plans
+        with torch.no_grad():
+            out, ref = amp(input_ids=ids), model(input_ids=ids)
+            for _ in range(6):
+                token = ref.logits[:, -1:].argmax(-1)
+                out = amp(input_ids=token, past_key_values=out.past_key_values)
+                ref = model(input_ids=token, past_key_values=ref.past_key_values)
+                assert _rel(out.logits, ref.logits) < 2e-2
+    assert amp.plans == 3  # prefill, first step, then one symbolic plan for every cache length
+    summary = amp.report.summary
+    assert summary["dim_values"] and summary["fp16_gemm_flop_fraction"] > 0.5
+    assert out.logits.dtype == torch.float16  # the symbolic plan ran its GEMMs in FP16
+
+
+def test_a_call_beyond_max_plans_warns_and_runs_the_fp32_model():
+    """With max_plans=2 (prefill and the first decode step), the second step would need a third
+    (symbolic) plan: it warns, says what would help, and returns the FP32 model's answer."""
+    model = _llama(64, 100)
     ids = torch.randint(0, 100, (1, 8))
     amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), max_plans=2)
     with torch.no_grad():
@@ -124,8 +152,8 @@ def test_decode_steps_beyond_max_plans_warn_and_run_the_fp32_model():
         token = ids[:, -1:]
         out = amp(input_ids=token, past_key_values=out.past_key_values)  # the second plan
         ref = model(input_ids=token, past_key_values=ref.past_key_values)
-        with pytest.warns(UserWarning, match="max_plans=2 plans.*runs the FP32 model.*captured by dynamo"):
+        with pytest.warns(UserWarning, match=r"max_plans=2 plans; .* ran on the FP32 model \(raise max_plans\)"):
             out = amp(input_ids=token, past_key_values=out.past_key_values)
         ref = model(input_ids=token, past_key_values=ref.past_key_values)
-    assert amp.plans == 2
+    assert amp.plans == 2 and amp.report is None  # the last call ran no plan
     assert _rel(out.logits, ref.logits) < 1e-5  # the FP32 model's answer
