@@ -32,6 +32,7 @@ the plan the last call used.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import warnings
 from typing import Any, Callable, Iterable
@@ -48,8 +49,8 @@ from .errors import ConversionError
 from .fx_io.capture import export_graph, failing_module, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
-from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, describe_key, finite_peak,
-                          merge_reports)
+from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
+                          finite_peak, merge_reports)
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
@@ -60,22 +61,45 @@ EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
 
 class _ExportRoute:
     """One ``torch.export`` capture and plan per call key (least recently used dropped beyond
-    ``max_plans``: it is captured again if its shapes come back)."""
+    ``max_plans``: it is captured again if its shapes come back). A later call export cannot
+    capture (a cache passed back in, as ``generate`` does) goes to a dynamo route, and so do
+    the calls of the same structure after it."""
 
     name = EXPORT
 
-    def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any) -> None:
+    def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, limit: int) -> None:
         self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
+        self.cache = PlanCache(limit)
+        self._dynamo: _DynamoRoute | None = None  # made on the first call export refuses
+        self._refused: set = set()  # ``call_structure`` of the calls export refused
+
+    @property
+    def plans(self) -> list[Plan]:
+        return list(self.cache.plans.values()) + (self._dynamo.plans if self._dynamo is not None else [])
 
     def key(self, args: tuple, kwargs: dict):
         return call_key(args, kwargs, sizes=self.dynamic_shapes is None)
 
-    def call(self, cache: PlanCache, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+    def first(self, args: tuple, kwargs: dict) -> Plan:
+        """Capture and plan the example call (``ConversionError`` if export cannot)."""
+        return self.cache.put(self.key(args, kwargs), self.plan(args, kwargs))
+
+    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         """Run one call on its key's plan, captured and planned first if the cache has none."""
+        if self._dynamo is not None and call_structure(args, kwargs) in self._refused:
+            return self._dynamo.call(args, kwargs)
         key = self.key(args, kwargs)
-        plan = cache.get(key)
+        plan = self.cache.get(key)
         if plan is None:
-            plan = cache.put(key, self.plan(args, kwargs))
+            try:
+                plan = self.cache.put(key, self.plan(args, kwargs))
+            except ConversionError:
+                if self.dynamic_shapes is not None:
+                    raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+                self._refused.add(call_structure(args, kwargs))
+                if self._dynamo is None:
+                    self._dynamo = _DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
+                return self._dynamo.call(args, kwargs)
         return plan, plan.run(*args, **kwargs)
 
     def plan(self, args: tuple, kwargs: dict) -> Plan:
@@ -110,16 +134,22 @@ class _DynamoRoute:
 
     name = DYNAMO
 
-    def __init__(self, model: torch.nn.Module, opts: dict, source: str) -> None:
+    def __init__(self, model: torch.nn.Module, opts: dict, source: str, limit: int) -> None:
         self.model, self.source = model, source
+        self.cache = PlanCache(limit)
         self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
         options = {**opts, "on_run": lambda report: self._ran.append(report)}
         self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
                                       dynamic=None)
 
-    def call(self, cache: PlanCache, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Run one call through dynamo. Once ``cache`` holds ``cache.limit`` plans, a call that would
+    @property
+    def plans(self) -> list[Plan]:
+        return list(self.cache.plans.values())
+
+    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
         need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
+        cache = self.cache
         at_limit = len(cache.plans) >= cache.limit
         self._ran = []
         stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
@@ -160,12 +190,12 @@ def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, flo
 class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
-    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, cache: PlanCache) -> None:
+    def __init__(self, model: torch.nn.Module, route, training: bool, source: str) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
         self.training = training
-        self.__dict__.update(_route=route, _cache=cache, _last=None, _source=source)
+        self.__dict__.update(_route=route, _last=None, _source=source)
 
     @property
     def capture(self) -> str:
@@ -175,7 +205,7 @@ class AmpModule(torch.nn.Module):
     @property
     def plans(self) -> int:
         """How many plans (call shapes) this module holds now."""
-        return len(self._cache.plans)
+        return len(self._route.plans)
 
     @property
     def report(self) -> Report | None:
@@ -185,12 +215,23 @@ class AmpModule(torch.nn.Module):
     @property
     def reports(self) -> list[tuple[str, Report | None]]:
         """``(call shapes, report)`` of each plan held, least recently used first."""
-        return [(p.shapes, p.report) for p in self._cache.plans.values()]
+        return [(p.shapes, p.report) for p in self._route.plans]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        plan, out = self._route.call(self._cache, args, kwargs)
+        plan, out = self._route.call(args, kwargs)
         self.__dict__["_last"] = plan
         return out
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own ``generate`` (transformers), with every forward call it makes run by this
+        module's plans: on a shallow copy of the model whose ``forward`` is this module (the
+        copy shares the model's weights, config and generation config)."""
+        model = self._route.model
+        if not callable(getattr(model, "generate", None)):
+            raise AttributeError(f"{self._source} has no generate() to run (not a transformers generation model)")
+        view = copy.copy(model)
+        view.forward = functools.wraps(model.forward)(lambda *a, **k: self(*a, **k))
+        return view.generate(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -212,7 +253,7 @@ class AmpModule(torch.nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
-        for plan in self._cache.plans.values():
+        for plan in self._route.plans:
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
         return self
@@ -264,16 +305,15 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
-    route: Any = _ExportRoute(model, opts, source, dynamic_shapes)
-    cache = PlanCache(max_plans)
+    route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        plan = cache.put(route.key(args, kwargs), route.plan(args, kwargs))
+        plan = route.first(args, kwargs)
     except ConversionError as export_error:
         if dynamic_shapes is not None:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
-        route = _DynamoRoute(model, opts, source)
-        plan = _dynamo_or_raise(route, cache, model, args, kwargs, export_error, training)
-    amp = AmpModule(model, route, model.training, source, cache)
+        route = _DynamoRoute(model, opts, source, max_plans)
+        plan = _dynamo_or_raise(route, model, args, kwargs, export_error, training)
+    amp = AmpModule(model, route, model.training, source)
     amp.__dict__["_last"] = plan
     return amp
 
@@ -282,12 +322,12 @@ def _grad_mode(training: bool):
     return contextlib.nullcontext() if training else torch.no_grad()
 
 
-def _dynamo_or_raise(route: "_DynamoRoute", cache: PlanCache, model: torch.nn.Module, args: tuple, kwargs: dict,
+def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
                      export_error: ConversionError, training: bool) -> Plan:
     """The dynamo route's plan of the example call (run once to compile), or one error naming module and construct."""
     try:
         with _grad_mode(training):
-            plan, _ = route.call(cache, args, kwargs)
+            plan, _ = route.call(args, kwargs)
         if plan.report is not None:
             return plan
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"

@@ -60,6 +60,13 @@ def call_key(args: tuple, kwargs: dict, *, sizes: bool = True) -> Hashable:
     return str(spec), tuple(out)
 
 
+def call_structure(args: tuple, kwargs: dict) -> Hashable:
+    """A call's argument structure without shapes or values: its pytree spec and each leaf's type
+    (the calls a capture route refused once, such as those passing a cache back in)."""
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    return str(spec), tuple(type(leaf).__qualname__ for leaf in leaves)
+
+
 def _held_tensors(obj: Any, depth: int = 3):
     """Tensors an object holds in its attributes, lists, tuples and dicts, ``depth`` levels down
     (a ``DynamicCache``'s per-layer keys and values): dynamo guards on their shapes and dtypes, so
@@ -149,4 +156,5 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
                    "passes": passes, "alignment": alignment})
 
 
-__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "describe_key", "merge_reports"]
+__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "call_structure", "describe_key",
+           "merge_reports"]

@@ -1,0 +1,70 @@
+"""``AmpModule.generate``: transformers' generation loop with every forward run by the plans, on both
+capture routes (a model export captured once hands the calls it cannot capture to dynamo)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import amp_compiler  # noqa: E402
+
+NEW_TOKENS = 10
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Dynamo's recompile limit counts per code object, shared by every transformers model."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _greedy(model_or_amp, ids):
+    return model_or_amp.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+def test_generate_runs_the_decode_steps_on_one_symbolic_plan():
+    """A default decoder (use_cache=True: the dynamo route): generate's steps share the symbolic plan and
+    give the FP32 model's tokens."""
+    model = _llama()
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids))
+    out = _greedy(amp, ids)
+    assert torch.equal(out, _greedy(model, ids))
+    assert out.shape[1] == 8 + NEW_TOKENS
+    assert amp.plans <= 4  # the example, generate's prefill, its first step, the symbolic step
+    assert amp.report.summary["dim_values"]  # the last step ran the symbolic plan
+
+
+def test_calls_export_cannot_capture_go_to_dynamo():
+    """Compiled on a call export captures (no cache), the model is then called with a cache (as
+    generate does): those calls are planned through dynamo instead of failing."""
+    model = _gpt2()
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids, use_cache=False))
+    assert amp.capture == "torch.export"
+    out = _greedy(amp, ids)
+    assert torch.equal(out, _greedy(model, ids))
+    assert amp.report.summary["capture"].startswith("torch.compile")
+    assert amp.plans <= 5
+
+
+def test_generate_on_a_model_without_it_says_so():
+    amp = amp_compiler.compile(torch.nn.Linear(8, 8).eval(), torch.randn(2, 8))
+    with pytest.raises(AttributeError, match="Linear has no generate"):
+        amp.generate(torch.randn(2, 8))
