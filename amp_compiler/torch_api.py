@@ -190,12 +190,13 @@ def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, flo
 class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
-    def __init__(self, model: torch.nn.Module, route, training: bool, source: str) -> None:
+    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, options: dict) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
         self.training = training
-        self.__dict__.update(_route=route, _last=None, _source=source)
+        # options: compile's keywords, for the submodules generate calls apart (an encoder)
+        self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None)
 
     @property
     def capture(self) -> str:
@@ -225,13 +226,24 @@ class AmpModule(torch.nn.Module):
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The model's own ``generate`` (transformers), with every forward call it makes run by this
         module's plans: on a shallow copy of the model whose ``forward`` is this module (the
-        copy shares the model's weights, config and generation config)."""
+        copy shares the model's weights, config and generation config). An encoder-decoder's
+        encoder, which generate calls apart, is planned on its first call with this module's
+        options (``generate_encoder``)."""
         model = self._route.model
         if not callable(getattr(model, "generate", None)):
             raise AttributeError(f"{self._source} has no generate() to run (not a transformers generation model)")
         view = copy.copy(model)
         view.forward = functools.wraps(model.forward)(lambda *a, **k: self(*a, **k))
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+            if self._encoder is None:
+                self.__dict__["_encoder"] = _PlannedOnFirstCall(model.get_encoder(), self._options)
+            view.get_encoder = lambda *a, **k: self._encoder
         return view.generate(*args, **kwargs)
+
+    @property
+    def generate_encoder(self) -> "AmpModule | None":
+        """The encoder's ``AmpModule`` that ``generate`` runs (an encoder-decoder, once generate ran)."""
+        return self._encoder.amp if self._encoder is not None else None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -313,9 +325,25 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
         route = _DynamoRoute(model, opts, source, max_plans)
         plan = _dynamo_or_raise(route, model, args, kwargs, export_error, training)
-    amp = AmpModule(model, route, model.training, source)
+    options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
+    amp = AmpModule(model, route, model.training, source, options)
     amp.__dict__["_last"] = plan
     return amp
+
+
+class _PlannedOnFirstCall:
+    """A submodule ``generate`` calls apart (``get_encoder()``), compiled with ``options`` on its
+    first call, whose shapes size the plan. ``forward`` keeps the submodule's signature, which
+    generate reads to choose the arguments it passes."""
+
+    def __init__(self, module: torch.nn.Module, options: dict) -> None:
+        self.module, self.options, self.amp = module, options, None
+        self.forward = functools.wraps(module.forward)(lambda *a, **k: self(*a, **k))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.amp is None:
+            self.amp = compile(self.module, args, example_kwargs=kwargs, **self.options)
+        return self.amp(*args, **kwargs)
 
 
 def _grad_mode(training: bool):

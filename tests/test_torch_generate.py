@@ -68,3 +68,22 @@ def test_generate_on_a_model_without_it_says_so():
     amp = amp_compiler.compile(torch.nn.Linear(8, 8).eval(), torch.randn(2, 8))
     with pytest.raises(AttributeError, match="Linear has no generate"):
         amp.generate(torch.randn(2, 8))
+
+
+def test_an_encoder_decoder_s_encoder_is_planned_too():
+    """generate calls T5's encoder apart (get_encoder()): it is compiled on that first call, with the
+    module's options, instead of running as the FP32 submodule."""
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(d_model=64, d_ff=128, num_layers=1, num_decoder_layers=1, num_heads=4, d_kv=16,
+                                vocab_size=100, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    ids = torch.randint(2, 100, (1, 8))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids, decoder_input_ids=ids[:, :1]),
+                               target="a100")
+    assert amp.generate_encoder is None
+    assert torch.equal(_greedy(amp, ids), _greedy(model, ids))
+    encoder = amp.generate_encoder
+    assert encoder is not None and encoder.plans == 1
+    assert encoder.report.summary["nodes"] > 0 and encoder.report.source == "T5Stack"
+    _greedy(amp, ids)
+    assert amp.generate_encoder is encoder and encoder.plans == 1  # planned once, reused
