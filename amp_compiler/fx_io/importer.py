@@ -191,6 +191,12 @@ def _written_nodes(gm: fx.GraphModule) -> set[fx.Node]:
 
 # -- ops ------------------------------------------------------------------------------------------
 
+#: ops that read a tensor's sizes, never its data or dtype (a symbolic graph's ``sym_size``): as IR ops
+#: they were "unknown" FP32 readers, and a low tensor they read paid a cast for a size.
+#: (``_assert_tensor_metadata`` checks the dtype too: it stays an op, and reads what it asserts.)
+_METADATA_QUERIES = frozenset({"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"})
+
+
 def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registry: Registry) -> None:
     graph = imp.graph
     val = _val(node)
@@ -204,11 +210,11 @@ def _import_op(imp: FxImport, node: fx.Node, names: dict, op_names: set, registr
 
     fx.node.map_arg((node.args, node.kwargs), collect)
     tensor_leaves = [i for i, n in enumerate(leaves) if n in names]
-    if results is None and not tensor_leaves:
-        return  # size arithmetic, guards, ...: not an op on tensors
+    packet = packet_name(node.target)
+    if results is None and (not tensor_leaves or packet in _METADATA_QUERIES):
+        return  # size arithmetic, guards, a symbolic size read off a tensor: not an op on its data
     _scalars(node.args, scalars)
     _scalars(list(node.kwargs.values()), scalars)
-    packet = packet_name(node.target)
     order = ir_order(packet, len(tensor_leaves))
     ports = [tensor_leaves[i] for i in order]
     inputs = [names[leaves[i]] for i in ports]
