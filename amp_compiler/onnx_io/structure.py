@@ -28,6 +28,11 @@ def node_label(node: NodeProto, idx: int) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
 
 
+def _where(node: NodeProto, idx: int, path: str) -> str:
+    """``node_label``, with the subgraph it is in."""
+    return node_label(node, idx) + (f" in subgraph {path}" if path else "")
+
+
 def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> list[tuple] | None:
     """Valid UTF-8 names, SSA names, no dangling inputs, graph outputs produced, no cycles; sorts
     acyclic out-of-order graphs. Each node's fields are read once (``_node_rows``): protobuf builds
@@ -55,17 +60,31 @@ def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
         for item in seq:
             if _bad(item.name):
                 raise ConversionError(source, f"{kind} {item.name!r}{where_g}", "its name is not valid UTF-8")
-    rows = []
-    for idx, node in enumerate(g.node):
-        outputs, inputs, attributes = list(node.output), list(node.input), list(node.attribute)
-        name, op_type, domain = node.name, node.op_type, node.domain
-        if _bad(name) or _bad(op_type) or _bad(domain) or not all(isinstance(t, str) for t in inputs) \
-                or not all(isinstance(t, str) for t in outputs) or any(_bad(a.name) for a in attributes):
+    rows = [(node, list(node.output), list(node.input), node.domain, list(node.attribute), node.name, node.op_type)
+            for node in g.node]
+    if not _all_text(rows):
+        _raise_first_bad_name(rows, where_g, source)
+    return rows
+
+
+def _all_text(rows: list[tuple]) -> bool:
+    """Whether every name, op type, domain, value name and attribute name in ``rows`` is a ``str``:
+    the types of all of them gathered into one set, rather than a test per node."""
+    kinds = {type(v) for row in rows for v in (row[3], row[5], row[6], *row[1], *row[2])}
+    for row in rows:
+        if row[4]:
+            kinds.update(type(a.name) for a in row[4])
+    return kinds <= {str}
+
+
+def _raise_first_bad_name(rows: list[tuple], where_g: str, source: str) -> None:
+    """The error for the first node of ``rows`` with a name that is not valid UTF-8."""
+    for idx, (_, outputs, inputs, domain, attributes, name, op_type) in enumerate(rows):
+        if _bad(name) or _bad(op_type) or _bad(domain) or any(_bad(t) for t in (*inputs, *outputs)) \
+                or any(_bad(a.name) for a in attributes):
             label = f"node #{idx}" + (f" ({op_type})" if isinstance(op_type, str) else "")
             raise ConversionError(source, label + where_g, "a name, op type, domain or attribute name is not "
                                                           "valid UTF-8")
-        rows.append((node, outputs, inputs, domain, attributes, name, op_type))
-    return rows
 
 
 class _Structure:
@@ -124,16 +143,21 @@ class _Structure:
         visible = outer | frozenset(defined)
         free: set[str] = set()
         deps: list[set[int]] = []
+        in_order = True
+        known_domains: set[str] = set()  # each distinct domain is checked once
         for idx, (node, _, inputs, domain, attributes, _, _) in enumerate(rows):
-            def label() -> str:
-                return node_label(node, idx) + (f" in {where_g}" if path else "")
-
-            self._check_domain(node, domain, label)
-            uses = {n for n in inputs if n}
-            for n in uses:
-                if n not in visible:
-                    raise ConversionError(self.source, label(), f"input {n!r} is not produced by any node, graph "
-                                                                "input or initializer")
+            if domain not in known_domains:
+                self._check_domain(node, domain, idx, path)
+                known_domains.add(domain)
+            mine = set()
+            for n in inputs:
+                if n in producer:
+                    mine.add(producer[n])
+                elif n and n not in visible:
+                    raise ConversionError(self.source, _where(node, idx, path), f"input {n!r} is not produced by "
+                                                                                "any node, graph input or initializer")
+                elif n and n not in defined:
+                    free.add(n)
             for a in attributes:
                 if not (a.HasField("g") or a.graphs):
                     continue
@@ -141,13 +165,13 @@ class _Structure:
                 for k, sub in enumerate(subs):
                     sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
                                (f"[{k}]" if len(subs) > 1 else "")
-                    uses |= self.graph(sub, visible, sub_path)
-            mine = set()
-            for n in uses:
-                if n in producer:
-                    mine.add(producer[n])
-                elif n not in defined:
-                    free.add(n)
+                    for n in self.graph(sub, visible, sub_path):
+                        if n in producer:
+                            mine.add(producer[n])
+                        elif n not in defined:
+                            free.add(n)
+            if mine and max(mine) >= idx:
+                in_order = False
             deps.append(mine)
         for out in g.output:
             if not out.name or out.name not in visible:
@@ -155,21 +179,23 @@ class _Structure:
                                       "is not produced by any node, graph input or initializer")
             if out.name not in defined:
                 free.add(out.name)
-        if not self._sort(g, deps, path) and not path:
+        if not in_order:
+            self._sort(g, deps, path)
+        elif not path:
             self.main_rows = rows
         self.seen.update(defined)
         return free
 
-    def _check_domain(self, node: NodeProto, domain: str, label) -> None:
+    def _check_domain(self, node: NodeProto, domain: str, idx: int, path: str) -> None:
+        """``node``'s domain has an opset (``node``: the first node of its graph with this domain)."""
         domain = "" if domain in ("", "ai.onnx") else domain
         if domain not in self.opsets:
             what = "the domain of a model function" if (node.domain, node.op_type) in self.functions else "domain"
-            raise ConversionError(self.source, label(), f"{what} {node.domain!r} has no opset_import entry")
+            raise ConversionError(self.source, _where(node, idx, path), f"{what} {node.domain!r} has no "
+                                                                        "opset_import entry")
 
-    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> bool:
-        """Put ``g``'s nodes in topological order; True if they were out of it (and are replaced)."""
-        if all(d < i for i, ds in enumerate(deps) for d in ds):
-            return False
+    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> None:
+        """Put ``g``'s nodes, which are out of topological order, in it (or raise for a cycle)."""
         order, stuck = stable_topological_order(deps)
         if stuck:
             cycle = _find_cycle(deps, stuck)
@@ -178,7 +204,6 @@ class _Structure:
             raise ConversionError(self.source, node_label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
                                   f"the graph has a cycle: {' -> '.join(names + names[:1])}")
         replace_nodes(g, [g.node[i] for i in order])
-        return True
 
     def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str], rows: list[tuple]) -> bool:
         """Names this subgraph defines that another, non-enclosing graph already defined get fresh
