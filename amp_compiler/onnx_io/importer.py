@@ -67,12 +67,13 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     registry = registry or DEFAULT_REGISTRY
     raw: dict[str, bytes] = {}
     rows: list[tuple] = []  # the main graph's nodes and their fields, as validation read them
-    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw, rows=rows) if validate \
-        else infer_types(model)
+    subgraph_paths: list[str] = []
+    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw, rows=rows,
+                              subgraph_paths=subgraph_paths) if validate else infer_types(model)
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" in opsets:
         opsets[""] = opsets["ai.onnx"]
-    types = _collect_types(model, inferred)
+    types = _collect_types(model, inferred, nested=bool(subgraph_paths) or not validate)
     graph = PrecisionGraph(model.graph.name or source)
     graph.opsets = opsets
     graph.set_dim_sizes(default_dim)
@@ -284,12 +285,14 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
     return None, None
 
 
-def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
+def _collect_types(model: ModelProto, inferred: dict, nested: bool = True
+                   ) -> dict[str, tuple[str | None, tuple | None]]:
     """dtype and shape of every value the model declares; shape inference (``inferred``) fills the
     gaps, and the dims a declaration leaves unknown or names apart from the inputs' dims (the
-    TorchScript exporter's ``Mul_out_dim_0``) where inference related them (``symbolic_dims``)."""
+    TorchScript exporter's ``Mul_out_dim_0``) where inference related them (``symbolic_dims``).
+    ``nested=False``: the model has no subgraphs (validation found none), its nodes are not walked."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
-    _declared_types(model.graph, types, {})
+    _declared_types(model.graph, types, {}, nested)
     inputs = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for name, (code, shape) in inferred.items():
         found = types.get(name)
@@ -310,14 +313,16 @@ def _related_shape(declared: tuple | None, inferred: tuple, inputs: set[str]) ->
     return tuple(d if isinstance(d, int) or d in inputs or i is None else i for d, i in zip(declared, inferred))
 
 
-def _declared_types(g: GraphProto, types: dict, memo: dict) -> None:
+def _declared_types(g: GraphProto, types: dict, memo: dict, nested: bool = True) -> None:
     """Add the typed values ``g`` and its subgraphs declare to ``types`` (a module-level function:
     a recursive closure is a reference cycle that would keep ``types`` alive until a collection);
-    ``memo``: ``tensor_type``'s, shared by the subgraphs."""
+    ``memo``: ``tensor_type``'s, shared by the subgraphs; ``nested=False``: ``g`` holds none."""
     for vi in (*g.input, *g.output, *g.value_info):
         dtype, shape = _value_type(vi, memo)
         if dtype is not None:
             types[vi.name] = (dtype, shape)
+    if not nested:
+        return
     for node in g.node:
         for a in node.attribute:
             for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):

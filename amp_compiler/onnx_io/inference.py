@@ -131,10 +131,12 @@ def _fatal_inference_error(text: str) -> tuple[str, str] | None:
     return None
 
 
-def inferred_types(light: ModelProto) -> dict[str, tuple[int, tuple | None]]:
+def inferred_types(light: ModelProto, nested: bool = True) -> dict[str, tuple[int, tuple | None]]:
+    """``{value name: (elem_type, shape)}`` of the typed values of ``light``'s graphs; ``nested=False``:
+    the model has no subgraphs (the structure check found none), so its nodes are not walked."""
     types: dict[str, tuple[int, tuple | None]] = {}
     memo: dict[bytes, tuple[int, tuple | None]] = {}
-    for g, _ in graphs(light.graph, ""):
+    for g in (g for g, _ in graphs(light.graph, "")) if nested else (light.graph,):
         for vi in (*g.value_info, *g.output):
             code, shape = tensor_type(vi, memo)
             if code:

@@ -33,17 +33,22 @@ def _where(node: NodeProto, idx: int, path: str) -> str:
     return node_label(node, idx) + (f" in subgraph {path}" if path else "")
 
 
-def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> list[tuple] | None:
+def check_structure(model: ModelProto, source: str, opsets: dict[str, int],
+                    subgraph_paths: list[str] | None = None) -> list[tuple] | None:
     """Valid UTF-8 names, SSA names, no dangling inputs, graph outputs produced, no cycles; sorts
     acyclic out-of-order graphs. Each node's fields are read once (``_node_rows``): protobuf builds
     a new Python object per field read, which dominated this check on 100k-node graphs. Returns
-    the main graph's rows for the importer to reuse, or None where it sorted the nodes."""
+    the main graph's rows for the importer to reuse, or None where it sorted the nodes;
+    ``subgraph_paths`` receives the path of every subgraph (none: later walks of the model's
+    graphs need not look into its nodes' attributes)."""
     for o in model.opset_import:
         if _bad(o.domain):
             raise ConversionError(source, "opset_import", f"domain {o.domain!r} is not valid UTF-8")
     functions = {(f.domain, f.name) for f in model.functions}
     check = _Structure(source, opsets, functions)
     check.graph(model.graph, frozenset(), "")
+    if subgraph_paths is not None:
+        subgraph_paths.extend(check.subgraph_paths)
     return check.main_rows
 
 
@@ -93,6 +98,7 @@ class _Structure:
         self.seen: set[str] = set()  # every name defined so far, in any scope (for sibling renames)
         self.fresh = 0
         self.main_rows: list[tuple] | None = None  # the main graph's rows, while its nodes are in them
+        self.subgraph_paths: list[str] = []
 
     def graph(self, g: GraphProto, outer: frozenset[str], path: str) -> set[str]:
         """Check ``g`` (names in ``outer`` are visible from enclosing graphs); returns the outer names it uses."""
@@ -165,6 +171,7 @@ class _Structure:
                 for k, sub in enumerate(subs):
                     sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
                                (f"[{k}]" if len(subs) > 1 else "")
+                    self.subgraph_paths.append(sub_path)
                     for n in self.graph(sub, visible, sub_path):
                         if n in producer:
                             mine.add(producer[n])
