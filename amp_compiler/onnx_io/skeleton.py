@@ -29,7 +29,8 @@ def skeleton_copy(model: ModelProto, hook: TensorHook, made: list[TensorProto] |
     """A copy of ``model`` in which each tensor for which ``hook`` returns entries is external, without data.
 
     Tensors ``hook`` answers None for are copied as they are. Nothing large is copied. ``made``
-    receives the copy's tensors made external (so that no walk of the copy has to find them).
+    receives the copy's weight tensors made external (those ``tensors.iter_tensors`` yields: not a
+    sparse tensor's indices), so that no walk of the copy has to find them.
     """
     out = ModelProto()
     _copy_message(model, out, hook, made)
@@ -46,8 +47,9 @@ def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None) ->
             else:
                 setattr(dst, fd.name, value)
         elif mt.full_name == "onnx.TensorProto":
+            weights = None if fd.name == "indices" else made  # SparseTensorProto.indices
             for t in (value if repeated else [value]):
-                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, made)
+                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, weights)
         elif mt.full_name in _CONTAINERS:
             for m in (value if repeated else [value]):
                 sub = getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name)
