@@ -148,17 +148,17 @@ class _Structure:
                     producer[out] = idx
         visible = outer | frozenset(defined)
         free: set[str] = set()
-        deps: list[set[int]] = []
+        captured: dict[int, set[str]] = {}  # node index -> the outer names its subgraphs use
         in_order = True
         known_domains: set[str] = set()  # each distinct domain is checked once
         for idx, (node, _, inputs, domain, attributes, _, _) in enumerate(rows):
             if domain not in known_domains:
                 self._check_domain(node, domain, idx, path)
                 known_domains.add(domain)
-            mine = set()
             for n in inputs:
-                if n in producer:
-                    mine.add(producer[n])
+                p = producer.get(n)
+                if p is not None:
+                    in_order = in_order and p < idx
                 elif n and n not in visible:
                     raise ConversionError(self.source, _where(node, idx, path), f"input {n!r} is not produced by "
                                                                                 "any node, graph input or initializer")
@@ -172,14 +172,10 @@ class _Structure:
                     sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
                                (f"[{k}]" if len(subs) > 1 else "")
                     self.subgraph_paths.append(sub_path)
-                    for n in self.graph(sub, visible, sub_path):
-                        if n in producer:
-                            mine.add(producer[n])
-                        elif n not in defined:
-                            free.add(n)
-            if mine and max(mine) >= idx:
-                in_order = False
-            deps.append(mine)
+                    uses = self.graph(sub, visible, sub_path)
+                    captured.setdefault(idx, set()).update(uses)
+                    in_order = in_order and all(producer.get(n, -1) < idx for n in uses)
+                    free.update(n for n in uses if n not in defined)
         for out in g.output:
             if not out.name or out.name not in visible:
                 raise ConversionError(self.source, f"graph output {out.name!r}" + (f" of {where_g}" if path else ""),
@@ -187,7 +183,7 @@ class _Structure:
             if out.name not in defined:
                 free.add(out.name)
         if not in_order:
-            self._sort(g, deps, path)
+            self._sort(g, _dependencies(rows, producer, captured), path)
         elif not path:
             self.main_rows = rows
         self.seen.update(defined)
@@ -247,6 +243,11 @@ def _rename(g: GraphProto, old: str, new: str) -> None:
                 node.output[i] = new
         for sub in subgraphs(node):
             _rename(sub, old, new)
+
+
+def _dependencies(rows: list[tuple], producer: dict[str, int], captured: dict[int, set[str]]) -> list[set[int]]:
+    """Per node, the indices of the nodes it reads from: its inputs and what its subgraphs use."""
+    return [{producer[n] for n in (*row[2], *captured.get(idx, ())) if n in producer} for idx, row in enumerate(rows)]
 
 
 def _find_cycle(deps: list[set[int]], stuck: set[int]) -> list[int]:
