@@ -47,7 +47,7 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     main_rows = check_structure(model, source, opsets, subgraph_paths)
     if rows is not None and main_rows is not None:
         rows.extend(main_rows)
-    check_tensors(model, source, base_dir, raw)
+    check_tensors(model, source, base_dir, raw, main_rows)
     stand_ins: list[onnx.TensorProto] = []
     light = light_copy(model, stand_ins)
     run_checker(light, source, stand_ins)
