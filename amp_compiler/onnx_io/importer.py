@@ -22,7 +22,7 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from ..errors import ConversionError
-from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PrecisionGraph, Tensor
+from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PortGroup, PrecisionGraph, Tensor
 from ..numerics import ValueStats, stats_of
 from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
@@ -67,25 +67,26 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     registry = registry or DEFAULT_REGISTRY
     raw: dict[str, bytes] = {}
     rows: list[tuple] = []  # the main graph's nodes and their fields, as validation read them
-    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw, rows=rows) if validate \
-        else infer_types(model)
+    subgraph_paths: list[str] = []
+    inferred = validate_model(model, source=source, base_dir=base_dir, raw=raw, rows=rows,
+                              subgraph_paths=subgraph_paths) if validate else infer_types(model)
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" in opsets:
         opsets[""] = opsets["ai.onnx"]
-    types = _collect_types(model, inferred)
+    types = _collect_types(model, inferred, nested=bool(subgraph_paths) or not validate)
     graph = PrecisionGraph(model.graph.name or source)
     graph.opsets = opsets
     graph.set_dim_sizes(default_dim)
     imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None,
                      raw=raw)
-    _import_graph(imp, model.graph, "", types, opsets, registry, source, rows or None)
+    _import_graph(imp, model.graph, "", types, _OpKinds(registry, opsets), source, rows or None)
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
     return imp
 
 
-def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opsets: dict, registry: Registry,
-                  source: str, rows: list[tuple] | None = None) -> None:
+def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds: _OpKinds, source: str,
+                  rows: list[tuple] | None = None) -> None:
     """``rows``: ``g``'s nodes with their fields already read (``structure._node_rows``), if any."""
     graph = imp.graph
     imp.graphs[scope] = g
@@ -119,37 +120,40 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
             name = f"{scope}/{name}"
         while name in ops:
             name = f"{name}_{idx}"
+        port_dtypes = set()  # for the port-type check: an op with one dtype on all its ports passes it
         for out in outputs:
             if out:
                 dtype, shape = types.get(out, (None, None))
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
                 _define(graph, Tensor(out, dtype, shape, ACTIVATION, scope=scope), source, scope)
+                port_dtypes.add(dtype)
         domain = "" if node_domain in ("", "ai.onnx") else node_domain
         if op_type in ("Constant", "ConstantOfShape") and not domain and outputs and outputs[0]:
             tensors[outputs[0]].stats = _constant_stats(node)
             tensors[outputs[0]].origin = "constant"
         for inp in inputs:
-            if inp and inp not in tensors:
-                raise ConversionError(source, f"node {node_name or name} ({op_type})",
-                                      f"input {inp!r} is not produced by any node, graph input or initializer")
-        row = registry.lookup_onnx(domain, op_type)
-        op = Op(name, op_type, inputs, outputs, domain=domain, attrs=_attrs(attributes) if attributes else {},
-                scope=scope, canonical=row.canonical if row else None)
-        opset = opsets.get(domain)
-        if opset is not None and domain in ("",):
-            groups = port_groups(op_type, "", opset, len(inputs), len(outputs))
-            op.port_groups = list(groups or ())
-            if imp.strict:
-                _check_port_types(graph, op, node, source, idx)
+            if inp:
+                tensor = tensors.get(inp)
+                if tensor is None:
+                    raise ConversionError(source, f"node {node_name or name} ({op_type})",
+                                          f"input {inp!r} is not produced by any node, graph input or initializer")
+                port_dtypes.add(tensor.dtype)
+        port_dtypes.discard(None)
+        attrs, subgraph_attrs = _read_attributes(attributes) if attributes else ({}, ())
+        kind = kinds.of(domain, op_type, len(inputs), len(outputs))
+        op = Op(name, op_type, inputs, outputs, domain=domain, attrs=attrs, scope=scope, canonical=kind.canonical)
+        if kind.groups is not None:
+            op.port_groups = list(kind.groups)
+            if imp.strict and kind.shared_groups and len(port_dtypes) > 1:
+                _check_port_types(graph, op, kind.shared_groups, node, source, idx)
         graph.add_op(op)
         imp.nodes[name] = node
-        for attr in attributes:
-            subgraphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+        for attr_name, subgraphs in subgraph_attrs:
             for k, sub in enumerate(subgraphs):
-                sub_scope = f"{name}.{attr.name}" + (f"[{k}]" if len(subgraphs) > 1 else "")
+                sub_scope = f"{name}.{attr_name}" + (f"[{k}]" if len(subgraphs) > 1 else "")
                 graph.scopes[sub_scope] = (name, [i.name for i in sub.input], [o.name for o in sub.output])
-                _import_graph(imp, sub, sub_scope, types, opsets, registry, source)
+                _import_graph(imp, sub, sub_scope, types, kinds, source)
     for out in g.output:
         if out.name not in graph.tensors:
             raise ConversionError(source, f"graph output {out.name!r}", "is not produced by any node or input")
@@ -158,26 +162,71 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, opset
         t.scope_output = t.scope_output or bool(scope)  # may be an outer value returned as is
 
 
-def _check_port_types(graph: PrecisionGraph, op: Op, node: NodeProto, source: str, idx: int) -> None:
+@dataclass(frozen=True)
+class _OpKind:
+    """What the importer derives from a node's domain, op type and port counts alone."""
+
+    canonical: str | None
+    groups: tuple[PortGroup, ...] | None  # None: no schema groups (another domain, or no opset for it)
+    shared_groups: tuple[PortGroup, ...]  # the groups of two or more ports, whose dtypes must agree
+
+
+class _OpKinds:
+    """``_OpKind`` per (domain, op type, input count, output count), worked out once per import: a
+    graph of repeated layers has a few dozen kinds of node, and the registry row and schema groups
+    are the same for every node of a kind."""
+
+    def __init__(self, registry: Registry, opsets: dict[str, int]) -> None:
+        self.registry, self.opsets = registry, opsets
+        self.known: dict[tuple[str, str, int, int], _OpKind] = {}
+
+    def of(self, domain: str, op_type: str, n_inputs: int, n_outputs: int) -> _OpKind:
+        key = (domain, op_type, n_inputs, n_outputs)
+        kind = self.known.get(key)
+        if kind is None:
+            kind = self.known[key] = self._derive(*key)
+        return kind
+
+    def _derive(self, domain: str, op_type: str, n_inputs: int, n_outputs: int) -> _OpKind:
+        row = self.registry.lookup_onnx(domain, op_type)
+        opset = self.opsets.get(domain)
+        groups = None
+        if opset is not None and domain == "":
+            groups = port_groups(op_type, "", opset, n_inputs, n_outputs) or ()
+        shared = tuple(g for g in groups or () if len(g.inputs) + len(g.outputs) >= 2)
+        return _OpKind(row.canonical if row else None, groups, shared)
+
+
+def _check_port_types(graph: PrecisionGraph, op: Op, shared_groups: tuple[PortGroup, ...], node: NodeProto,
+                      source: str, idx: int) -> None:
     """Ports bound to one type parameter of the schema must have one dtype (onnx's inference misses
     some mismatches, in models with local functions for one; the casts the plan inserts would not
-    make such a model valid)."""
-    for group in op.port_groups:
-        if len(group.inputs) + len(group.outputs) < 2:
-            continue  # one port agrees with itself
-        seen: list[tuple[str, str]] = []
-        for names in ([op.inputs[i] for i in group.inputs if i < len(op.inputs)],
-                      [op.outputs[o] for o in group.outputs if o < len(op.outputs)]):
-            for name in names:
-                dtype = graph.tensors[name].dtype if name and name in graph.tensors else None
-                if dtype is None:
-                    continue
-                if seen and dtype != seen[0][1]:
-                    label = f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
-                    param = group.param.partition("@")[0].partition(":")[0]
-                    raise ConversionError(source, label, f"{seen[0][0]!r} ({seen[0][1]}) and {name!r} ({dtype}) "
-                                                         f"must have the same type {param}")
-                seen.append((name, dtype))
+    make such a model valid). ``shared_groups``: the op's groups of two or more ports."""
+    tensors = graph.tensors
+    for group in shared_groups:
+        names = [op.inputs[i] for i in group.inputs if i < len(op.inputs)] + \
+                [op.outputs[o] for o in group.outputs if o < len(op.outputs)]
+        dtypes = {tensors[name].dtype for name in names if name and name in tensors}
+        dtypes.discard(None)
+        if len(dtypes) > 1:
+            _raise_port_type_mismatch(graph, group, names, node, source, idx)
+
+
+def _raise_port_type_mismatch(graph: PrecisionGraph, group: PortGroup, names: list[str], node: NodeProto,
+                              source: str, idx: int) -> None:
+    """The error for a group whose ports' dtypes disagree: the first port and the first one unlike it."""
+    first: tuple[str, str] | None = None
+    for name in names:
+        dtype = graph.tensors[name].dtype if name and name in graph.tensors else None
+        if dtype is None:
+            continue
+        if first is None:
+            first = (name, dtype)
+        elif dtype != first[1]:
+            label = f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
+            param = group.param.partition("@")[0].partition(":")[0]
+            raise ConversionError(source, label, f"{first[0]!r} ({first[1]}) and {name!r} ({dtype}) "
+                                                 f"must have the same type {param}")
 
 
 def _formal_input_dtype(graph: PrecisionGraph, scope: str, k: int) -> str | None:
@@ -205,19 +254,26 @@ def _define(graph: PrecisionGraph, tensor: Tensor, source: str, scope: str) -> N
     graph.tensors[tensor.name] = tensor
 
 
-def _attrs(attributes) -> dict[str, Any]:
-    """The scalar and int-list attributes of a node (its ``AttributeProto``s)."""
+def _read_attributes(attributes) -> tuple[dict[str, Any], list[tuple[str, list[GraphProto]]]]:
+    """A node's scalar and int-list attributes (``Op.attrs``), and its graph attributes as
+    (name, subgraphs); each ``AttributeProto``'s type read once for both."""
     out: dict[str, Any] = {}
+    subgraphs: list[tuple[str, list[GraphProto]]] = []
     for a in attributes:
-        if a.type == AttributeProto.INT:
+        kind = a.type
+        if kind == AttributeProto.INT:
             out[a.name] = a.i
-        elif a.type == AttributeProto.FLOAT:
+        elif kind == AttributeProto.FLOAT:
             out[a.name] = a.f
-        elif a.type == AttributeProto.STRING:
+        elif kind == AttributeProto.STRING:
             out[a.name] = a.s.decode("utf-8", "replace")
-        elif a.type == AttributeProto.INTS:
+        elif kind == AttributeProto.INTS:
             out[a.name] = list(a.ints)
-    return out
+        elif kind == AttributeProto.GRAPH:
+            subgraphs.append((a.name, [a.g]))
+        elif kind == AttributeProto.GRAPHS:
+            subgraphs.append((a.name, list(a.graphs)))
+    return out, subgraphs
 
 
 def _value_type(vi: onnx.ValueInfoProto, memo: dict | None = None) -> tuple[str | None, tuple | None]:
@@ -235,12 +291,14 @@ def _node_output_type(node: NodeProto) -> tuple[str | None, tuple | None]:
     return None, None
 
 
-def _collect_types(model: ModelProto, inferred: dict) -> dict[str, tuple[str | None, tuple | None]]:
+def _collect_types(model: ModelProto, inferred: dict, nested: bool = True
+                   ) -> dict[str, tuple[str | None, tuple | None]]:
     """dtype and shape of every value the model declares; shape inference (``inferred``) fills the
     gaps, and the dims a declaration leaves unknown or names apart from the inputs' dims (the
-    TorchScript exporter's ``Mul_out_dim_0``) where inference related them (``symbolic_dims``)."""
+    TorchScript exporter's ``Mul_out_dim_0``) where inference related them (``symbolic_dims``).
+    ``nested=False``: the model has no subgraphs (validation found none), its nodes are not walked."""
     types: dict[str, tuple[str | None, tuple | None]] = {}
-    _declared_types(model.graph, types, {})
+    _declared_types(model.graph, types, {}, nested)
     inputs = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for name, (code, shape) in inferred.items():
         found = types.get(name)
@@ -261,14 +319,16 @@ def _related_shape(declared: tuple | None, inferred: tuple, inputs: set[str]) ->
     return tuple(d if isinstance(d, int) or d in inputs or i is None else i for d, i in zip(declared, inferred))
 
 
-def _declared_types(g: GraphProto, types: dict, memo: dict) -> None:
+def _declared_types(g: GraphProto, types: dict, memo: dict, nested: bool = True) -> None:
     """Add the typed values ``g`` and its subgraphs declare to ``types`` (a module-level function:
     a recursive closure is a reference cycle that would keep ``types`` alive until a collection);
-    ``memo``: ``tensor_type``'s, shared by the subgraphs."""
+    ``memo``: ``tensor_type``'s, shared by the subgraphs; ``nested=False``: ``g`` holds none."""
     for vi in (*g.input, *g.output, *g.value_info):
         dtype, shape = _value_type(vi, memo)
         if dtype is not None:
             types[vi.name] = (dtype, shape)
+    if not nested:
+        return
     for node in g.node:
         for a in node.attribute:
             for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):

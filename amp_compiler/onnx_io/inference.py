@@ -10,7 +10,8 @@ two patterns below. docs/architecture.md, "Input handling".
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
@@ -29,9 +30,10 @@ _INFERENCE_LINE = re.compile(r"(?:\[(\w+)\] )?\(op_type:([^,)]*)(?:, node name: 
 _CHECKER_CONTEXT = re.compile(r"Name: (.*?) OpType: (\S+)")
 
 
-def light_copy(model: ModelProto) -> ModelProto:
-    """A copy of ``model`` whose large or float tensors are data-less placeholders."""
-    return skeleton_copy(model, _strip)
+def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None) -> ModelProto:
+    """A copy of ``model`` whose large or float tensors are data-less placeholders (``stand_ins``
+    receives them)."""
+    return skeleton_copy(model, _strip, stand_ins)
 
 
 def _strip(t: TensorProto) -> list[tuple[str, str]] | None:
@@ -44,16 +46,12 @@ def _strip(t: TensorProto) -> list[tuple[str, str]] | None:
     return None
 
 
-def run_checker(light: ModelProto, source: str) -> None:
-    checked = ModelProto()
-    checked.CopyFrom(light)
-    for t in _placeholders(checked):  # the checker looks for external files: make the stand-ins empty tensors
-        del t.external_data[:]
-        t.ClearField("data_location")
-        del t.dims[:]
-        t.dims.append(0)
+def run_checker(light: ModelProto, source: str, stand_ins: list[TensorProto] | None = None) -> None:
+    """onnx's checker on ``light``; ``stand_ins``: its placeholders, as ``light_copy`` gave them
+    (found by a walk of ``light`` when not given)."""
     try:
-        onnx.checker.check_model(checked)
+        with _empty_stand_ins(_placeholders(light) if stand_ins is None else stand_ins):
+            onnx.checker.check_model(light)
     except onnx.checker.ValidationError as exc:
         text = str(exc)
         context = _CHECKER_CONTEXT.search(text)
@@ -62,6 +60,27 @@ def run_checker(light: ModelProto, source: str) -> None:
             name, op = context.group(1).strip(), context.group(2)
             where = f"node {name!r} ({op})" if name else f"a {op} node"
         raise ConversionError(source, where, f"invalid ONNX model: {text.strip().splitlines()[0]}") from None
+
+
+@contextmanager
+def _empty_stand_ins(stand_ins: list[TensorProto]) -> Iterator[None]:
+    """Make the placeholders empty tensors (the checker looks for external files) and put them back
+    as they were afterwards: changed in place, which costs no copy of the model."""
+    saved = [(list(t.dims), [(e.key, e.value) for e in t.external_data]) for t in stand_ins]
+    for t in stand_ins:
+        del t.external_data[:]
+        t.ClearField("data_location")
+        del t.dims[:]
+        t.dims.append(0)
+    try:
+        yield
+    finally:
+        for t, (dims, entries) in zip(stand_ins, saved):
+            del t.dims[:]
+            t.dims.extend(dims)
+            t.data_location = TensorProto.EXTERNAL
+            for key, value in entries:
+                t.external_data.add(key=key, value=value)
 
 
 def placeholder_names(model: ModelProto) -> set[str]:
@@ -112,10 +131,12 @@ def _fatal_inference_error(text: str) -> tuple[str, str] | None:
     return None
 
 
-def inferred_types(light: ModelProto) -> dict[str, tuple[int, tuple | None]]:
+def inferred_types(light: ModelProto, nested: bool = True) -> dict[str, tuple[int, tuple | None]]:
+    """``{value name: (elem_type, shape)}`` of the typed values of ``light``'s graphs; ``nested=False``:
+    the model has no subgraphs (the structure check found none), so its nodes are not walked."""
     types: dict[str, tuple[int, tuple | None]] = {}
     memo: dict[bytes, tuple[int, tuple | None]] = {}
-    for g, _ in graphs(light.graph, ""):
+    for g in (g for g, _ in graphs(light.graph, "")) if nested else (light.graph,):
         for vi in (*g.value_info, *g.output):
             code, shape = tensor_type(vi, memo)
             if code:

@@ -25,17 +25,19 @@ _TENSOR_META = tuple(fd for fd in TensorProto.DESCRIPTOR.fields
 TensorHook = Callable[[TensorProto], "list[tuple[str, str]] | None"]
 
 
-def skeleton_copy(model: ModelProto, hook: TensorHook) -> ModelProto:
+def skeleton_copy(model: ModelProto, hook: TensorHook, made: list[TensorProto] | None = None) -> ModelProto:
     """A copy of ``model`` in which each tensor for which ``hook`` returns entries is external, without data.
 
-    Tensors ``hook`` answers None for are copied as they are. Nothing large is copied.
+    Tensors ``hook`` answers None for are copied as they are. Nothing large is copied. ``made``
+    receives the copy's weight tensors made external (those ``tensors.iter_tensors`` yields: not a
+    sparse tensor's indices), so that no walk of the copy has to find them.
     """
     out = ModelProto()
-    _copy_message(model, out, hook)
+    _copy_message(model, out, hook, made)
     return out
 
 
-def _copy_message(src, dst, hook: TensorHook) -> None:
+def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None) -> None:
     for fd, value in src.ListFields():
         mt = fd.message_type
         repeated = is_repeated(fd)
@@ -45,22 +47,23 @@ def _copy_message(src, dst, hook: TensorHook) -> None:
             else:
                 setattr(dst, fd.name, value)
         elif mt.full_name == "onnx.TensorProto":
+            weights = None if fd.name == "indices" else made  # SparseTensorProto.indices
             for t in (value if repeated else [value]):
-                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook)
+                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, weights)
         elif mt.full_name in _CONTAINERS:
             for m in (value if repeated else [value]):
                 sub = getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name)
                 if mt.full_name == "onnx.NodeProto" and not any(a.type in _PAYLOAD_ATTRS for a in m.attribute):
                     sub.CopyFrom(m)
                 else:
-                    _copy_message(m, sub, hook)
+                    _copy_message(m, sub, hook, made)
         elif repeated:
             getattr(dst, fd.name).extend(value)
         else:
             getattr(dst, fd.name).CopyFrom(value)
 
 
-def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook) -> None:
+def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook, made: list[TensorProto] | None) -> None:
     entries = hook(src)
     if entries is None:
         dst.CopyFrom(src)
@@ -77,3 +80,5 @@ def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook) -> None:
     for key, value in entries:
         entry = dst.external_data.add()
         entry.key, entry.value = key, value
+    if made is not None:
+        made.append(dst)

@@ -28,17 +28,27 @@ def node_label(node: NodeProto, idx: int) -> str:
     return f"node {node.name!r} ({node.op_type})" if node.name else f"node #{idx} ({node.op_type})"
 
 
-def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> list[tuple] | None:
+def _where(node: NodeProto, idx: int, path: str) -> str:
+    """``node_label``, with the subgraph it is in."""
+    return node_label(node, idx) + (f" in subgraph {path}" if path else "")
+
+
+def check_structure(model: ModelProto, source: str, opsets: dict[str, int],
+                    subgraph_paths: list[str] | None = None) -> list[tuple] | None:
     """Valid UTF-8 names, SSA names, no dangling inputs, graph outputs produced, no cycles; sorts
     acyclic out-of-order graphs. Each node's fields are read once (``_node_rows``): protobuf builds
     a new Python object per field read, which dominated this check on 100k-node graphs. Returns
-    the main graph's rows for the importer to reuse, or None where it sorted the nodes."""
+    the main graph's rows for the importer to reuse, or None where it sorted the nodes;
+    ``subgraph_paths`` receives the path of every subgraph (none: later walks of the model's
+    graphs need not look into its nodes' attributes)."""
     for o in model.opset_import:
         if _bad(o.domain):
             raise ConversionError(source, "opset_import", f"domain {o.domain!r} is not valid UTF-8")
     functions = {(f.domain, f.name) for f in model.functions}
     check = _Structure(source, opsets, functions)
     check.graph(model.graph, frozenset(), "")
+    if subgraph_paths is not None:
+        subgraph_paths.extend(check.subgraph_paths)
     return check.main_rows
 
 
@@ -55,17 +65,31 @@ def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
         for item in seq:
             if _bad(item.name):
                 raise ConversionError(source, f"{kind} {item.name!r}{where_g}", "its name is not valid UTF-8")
-    rows = []
-    for idx, node in enumerate(g.node):
-        outputs, inputs, attributes = list(node.output), list(node.input), list(node.attribute)
-        name, op_type, domain = node.name, node.op_type, node.domain
-        if _bad(name) or _bad(op_type) or _bad(domain) or not all(isinstance(t, str) for t in inputs) \
-                or not all(isinstance(t, str) for t in outputs) or any(_bad(a.name) for a in attributes):
+    rows = [(node, list(node.output), list(node.input), node.domain, list(node.attribute), node.name, node.op_type)
+            for node in g.node]
+    if not _all_text(rows):
+        _raise_first_bad_name(rows, where_g, source)
+    return rows
+
+
+def _all_text(rows: list[tuple]) -> bool:
+    """Whether every name, op type, domain, value name and attribute name in ``rows`` is a ``str``:
+    the types of all of them gathered into one set, rather than a test per node."""
+    kinds = {type(v) for row in rows for v in (row[3], row[5], row[6], *row[1], *row[2])}
+    for row in rows:
+        if row[4]:
+            kinds.update(type(a.name) for a in row[4])
+    return kinds <= {str}
+
+
+def _raise_first_bad_name(rows: list[tuple], where_g: str, source: str) -> None:
+    """The error for the first node of ``rows`` with a name that is not valid UTF-8."""
+    for idx, (_, outputs, inputs, domain, attributes, name, op_type) in enumerate(rows):
+        if _bad(name) or _bad(op_type) or _bad(domain) or any(_bad(t) for t in (*inputs, *outputs)) \
+                or any(_bad(a.name) for a in attributes):
             label = f"node #{idx}" + (f" ({op_type})" if isinstance(op_type, str) else "")
             raise ConversionError(source, label + where_g, "a name, op type, domain or attribute name is not "
                                                           "valid UTF-8")
-        rows.append((node, outputs, inputs, domain, attributes, name, op_type))
-    return rows
 
 
 class _Structure:
@@ -74,6 +98,7 @@ class _Structure:
         self.seen: set[str] = set()  # every name defined so far, in any scope (for sibling renames)
         self.fresh = 0
         self.main_rows: list[tuple] | None = None  # the main graph's rows, while its nodes are in them
+        self.subgraph_paths: list[str] = []
 
     def graph(self, g: GraphProto, outer: frozenset[str], path: str) -> set[str]:
         """Check ``g`` (names in ``outer`` are visible from enclosing graphs); returns the outer names it uses."""
@@ -123,17 +148,22 @@ class _Structure:
                     producer[out] = idx
         visible = outer | frozenset(defined)
         free: set[str] = set()
-        deps: list[set[int]] = []
+        captured: dict[int, set[str]] = {}  # node index -> the outer names its subgraphs use
+        in_order = True
+        known_domains: set[str] = set()  # each distinct domain is checked once
         for idx, (node, _, inputs, domain, attributes, _, _) in enumerate(rows):
-            def label() -> str:
-                return node_label(node, idx) + (f" in {where_g}" if path else "")
-
-            self._check_domain(node, domain, label)
-            uses = {n for n in inputs if n}
-            for n in uses:
-                if n not in visible:
-                    raise ConversionError(self.source, label(), f"input {n!r} is not produced by any node, graph "
-                                                                "input or initializer")
+            if domain not in known_domains:
+                self._check_domain(node, domain, idx, path)
+                known_domains.add(domain)
+            for n in inputs:
+                p = producer.get(n)
+                if p is not None:
+                    in_order = in_order and p < idx
+                elif n and n not in visible:
+                    raise ConversionError(self.source, _where(node, idx, path), f"input {n!r} is not produced by "
+                                                                                "any node, graph input or initializer")
+                elif n and n not in defined:
+                    free.add(n)
             for a in attributes:
                 if not (a.HasField("g") or a.graphs):
                     continue
@@ -141,35 +171,34 @@ class _Structure:
                 for k, sub in enumerate(subs):
                     sub_path = f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}" + \
                                (f"[{k}]" if len(subs) > 1 else "")
-                    uses |= self.graph(sub, visible, sub_path)
-            mine = set()
-            for n in uses:
-                if n in producer:
-                    mine.add(producer[n])
-                elif n not in defined:
-                    free.add(n)
-            deps.append(mine)
+                    self.subgraph_paths.append(sub_path)
+                    uses = self.graph(sub, visible, sub_path)
+                    captured.setdefault(idx, set()).update(uses)
+                    in_order = in_order and all(producer.get(n, -1) < idx for n in uses)
+                    free.update(n for n in uses if n not in defined)
         for out in g.output:
             if not out.name or out.name not in visible:
                 raise ConversionError(self.source, f"graph output {out.name!r}" + (f" of {where_g}" if path else ""),
                                       "is not produced by any node, graph input or initializer")
             if out.name not in defined:
                 free.add(out.name)
-        if not self._sort(g, deps, path) and not path:
+        if not in_order:
+            self._sort(g, _dependencies(rows, producer, captured), path)
+        elif not path:
             self.main_rows = rows
         self.seen.update(defined)
         return free
 
-    def _check_domain(self, node: NodeProto, domain: str, label) -> None:
+    def _check_domain(self, node: NodeProto, domain: str, idx: int, path: str) -> None:
+        """``node``'s domain has an opset (``node``: the first node of its graph with this domain)."""
         domain = "" if domain in ("", "ai.onnx") else domain
         if domain not in self.opsets:
             what = "the domain of a model function" if (node.domain, node.op_type) in self.functions else "domain"
-            raise ConversionError(self.source, label(), f"{what} {node.domain!r} has no opset_import entry")
+            raise ConversionError(self.source, _where(node, idx, path), f"{what} {node.domain!r} has no "
+                                                                        "opset_import entry")
 
-    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> bool:
-        """Put ``g``'s nodes in topological order; True if they were out of it (and are replaced)."""
-        if all(d < i for i, ds in enumerate(deps) for d in ds):
-            return False
+    def _sort(self, g: GraphProto, deps: list[set[int]], path: str) -> None:
+        """Put ``g``'s nodes, which are out of topological order, in it (or raise for a cycle)."""
         order, stuck = stable_topological_order(deps)
         if stuck:
             cycle = _find_cycle(deps, stuck)
@@ -178,7 +207,6 @@ class _Structure:
             raise ConversionError(self.source, node_label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
                                   f"the graph has a cycle: {' -> '.join(names + names[:1])}")
         replace_nodes(g, [g.node[i] for i in order])
-        return True
 
     def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str], rows: list[tuple]) -> bool:
         """Names this subgraph defines that another, non-enclosing graph already defined get fresh
@@ -215,6 +243,11 @@ def _rename(g: GraphProto, old: str, new: str) -> None:
                 node.output[i] = new
         for sub in subgraphs(node):
             _rename(sub, old, new)
+
+
+def _dependencies(rows: list[tuple], producer: dict[str, int], captured: dict[int, set[str]]) -> list[set[int]]:
+    """Per node, the indices of the nodes it reads from: its inputs and what its subgraphs use."""
+    return [{producer[n] for n in (*row[2], *captured.get(idx, ())) if n in producer} for idx, row in enumerate(rows)]
 
 
 def _find_cycle(deps: list[set[int]], stuck: set[int]) -> list[int]:

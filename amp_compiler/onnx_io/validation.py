@@ -32,27 +32,32 @@ _OLDEST_OPSET = 6
 
 def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | Path | None = None,
                    raw: dict[str, bytes] | None = None,
-                   rows: list | None = None) -> dict[str, tuple[int, tuple | None]]:
+                   rows: list | None = None, subgraph_paths: list[str] | None = None
+                   ) -> dict[str, tuple[int, tuple | None]]:
     """Check ``model`` (steps 1-5 above); returns inferred ``{value name: (elem_type, shape)}``.
     ``raw`` receives the float32 initializers' bytes that step 3 reads (``tensor_checks``);
     ``rows`` the main graph's nodes with the fields step 2 read of each (``structure._node_rows``),
-    unless step 2 sorted them, for the importer to read no node twice.
+    unless step 2 sorted them, for the importer to read no node twice; ``subgraph_paths`` the
+    path of every subgraph step 2 found (none: walks for types need not look into the nodes).
 
     May rename values reused by sibling subgraphs and sort out-of-order nodes, in place.
     """
     opsets = check_header(model, source)
-    main_rows = check_structure(model, source, opsets)
+    subgraph_paths = [] if subgraph_paths is None else subgraph_paths
+    main_rows = check_structure(model, source, opsets, subgraph_paths)
     if rows is not None and main_rows is not None:
         rows.extend(main_rows)
-    check_tensors(model, source, base_dir, raw)
-    light = light_copy(model)
-    run_checker(light, source)
+    check_tensors(model, source, base_dir, raw, main_rows)
+    stand_ins: list[onnx.TensorProto] = []
+    light = light_copy(model, stand_ins)
+    run_checker(light, source, stand_ins)
     consistent = infer(light, source)
-    types = inferred_types(light)
+    nested = bool(subgraph_paths)
+    types = inferred_types(light, nested)
     # symbols a Reshape made up, written as arithmetic of the inputs' dims; not where declared shapes
     # disagree with inference (the emitted file would carry shapes the model's own contradict)
     if consistent and relate_dims(light, types):
-        types = inferred_types(light)
+        types = inferred_types(light, nested)
     return types
 
 
