@@ -151,11 +151,12 @@ class OpTimer:
             if priced is None:
                 priced = self._by_signature[key] = _Priced()
             self._priced_of[op.name] = priced
-        if not all(d in priced.times for d in dtypes):  # this op prices its signature in ``dtypes``
+        try:
+            return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
+        except KeyError:  # this op prices its signature in ``dtypes``
             times, out = self.times(op, dtypes), [self.output_bytes(op, d) for d in dtypes]
             self._remember(priced, op, dtypes)
             return times, out
-        return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
 
     def _remember(self, priced: _Priced, op: Op, dtypes: tuple[str, ...]) -> None:
         """Record under ``op``'s signature what ``costs`` just computed for it."""
