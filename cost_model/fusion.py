@@ -27,6 +27,7 @@ each RMSNorm ``cost_model/norm_pattern.py`` finds is one group of its own, of ki
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .norm_pattern import RmsNorm, rms_norms
@@ -134,11 +135,17 @@ def _dissolve_unanchored(graph: PrecisionGraph, groups: FusionGroups, kind: dict
 def _canonical_order(graph: PrecisionGraph) -> list[Op]:
     """A topological order independent of the order the file lists its nodes in: by depth
     (longest path from the inputs), then name; so a model and a shuffled copy fuse alike."""
+    tensors = graph.tensors
     level: dict[str, int] = {}
     for op in graph.ops.values():  # already topological
-        producers = (graph.tensors[n].producer for n in op.inputs if n)
-        level[op.name] = 1 + max((level.get(p, 0) for p in producers if p), default=0)
-    return sorted(graph.ops.values(), key=lambda op: (level[op.name], op.name))
+        deepest = 0
+        for n in op.inputs:
+            producer = tensors[n].producer if n else None
+            if producer:
+                deepest = max(deepest, level.get(producer, 0))
+        level[op.name] = deepest + 1
+    ops = graph.ops
+    return [ops[name] for name, _ in sorted(level.items(), key=itemgetter(1, 0))]  # by (level, name)
 
 
 def _view_kind(graph: PrecisionGraph, op: Op, kind: dict[str, str]) -> str:

@@ -57,6 +57,7 @@ class OpTimer:
         self._align_dims: dict[str, dict[str, int]] = {}
         self._out_bytes: dict[str, dict[str, float]] = {}
         self._by_signature: dict[tuple, _Priced] = {}  # see ``costs``
+        self._priced_of: dict[str, _Priced] = {}  # op name -> its signature's numbers (``costs``)
 
     def _row(self, op: Op):
         return self.registry.by_canonical.get(op.canonical) if op.canonical else None
@@ -84,7 +85,8 @@ class OpTimer:
 
     def output_bytes(self, op: Op, dtype: str) -> float:
         """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""
-        return _memo(self._out_bytes, op, dtype, self._output_bytes)
+        shared = self._shared(op, "out_bytes", dtype)
+        return shared if shared is not None else _memo(self._out_bytes, op, dtype, self._output_bytes)
 
     def _output_bytes(self, op: Op, dtype: str) -> float:
         row = self._row(op)
@@ -94,6 +96,9 @@ class OpTimer:
                          for n, r in zip(op.outputs, op.output_roles) if n and r == _UNIT))
 
     def flops(self, op: Op) -> float:
+        priced = self._priced_of.get(op.name)
+        if priced is not None and priced.flops is not None:
+            return priced.flops
         cached = self._flops.get(op.name)
         if cached is None:
             row = self._row(op)
@@ -103,7 +108,14 @@ class OpTimer:
 
     def bytes(self, op: Op, dtype: str) -> float:
         """Bytes ``op`` moves across its fusion group's boundary (cached: planning-time graph)."""
-        return _memo(self._bytes, op, dtype, self._boundary_bytes)
+        shared = self._shared(op, "bytes", dtype)
+        return shared if shared is not None else _memo(self._bytes, op, dtype, self._boundary_bytes)
+
+    def _shared(self, op: Op, quantity: str, dtype: str) -> float | None:
+        """``quantity`` (a ``_Priced`` field) in ``dtype`` as priced for another op of ``op``'s
+        signature (``costs``), or None where not priced that way yet."""
+        priced = self._priced_of.get(op.name)
+        return None if priced is None else getattr(priced, quantity).get(dtype)
 
     def _boundary_bytes(self, op: Op, dtype: str) -> float:
         return self._boundary_bytes_each(op, (dtype,))[0]
@@ -127,40 +139,35 @@ class OpTimer:
 
     def costs(self, op: Op, dtypes: tuple[str, ...]) -> tuple[list[float], list[float]]:
         """``([time(op, d) ...], [output_bytes(op, d) ...])`` for ``dtypes``, priced once per op
-        signature: a graph of repeated blocks holds a few dozen distinct ops, each priced once
-        and its numbers copied to the per-op caches (which the report reads later)."""
-        name = op.name
-        try:  # priced already (the all-low ceiling builds the energy again)
-            return [self._times[d][name] for d in dtypes], [self._out_bytes[d][name] for d in dtypes]
-        except KeyError:
-            pass
-        key = self._signature(op)
-        priced = self._by_signature.get(key) if key is not None else None
-        if priced is None or not all(d in priced.times for d in dtypes):
-            times = self.times(op, dtypes)
-            out = [self.output_bytes(op, d) for d in dtypes]
-            if key is not None:
-                self._remember(key, op, dtypes)
-            return times, out
-        self._flops[name] = priced.flops
-        if priced.align_dims is not None:
-            self._align_dims[name] = priced.align_dims
-        for d in dtypes:
-            self._times.setdefault(d, {})[name] = priced.times[d]
-            self._bytes.setdefault(d, {})[name] = priced.bytes[d]
-            self._out_bytes.setdefault(d, {})[name] = priced.out_bytes[d]
-        return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
-
-    def _remember(self, key: tuple, op: Op, dtypes: tuple[str, ...]) -> None:
-        """Record what ``costs`` just computed for ``op`` under its signature ``key``."""
-        name = op.name
-        priced = self._by_signature.get(key)
+        signature: a graph of repeated blocks holds a few dozen distinct ops, each priced once;
+        every op of a signature then reads its numbers (``_priced_of``), which the per-op
+        queries (``time``, ``bytes``, ...) read too, for the report later."""
+        priced = self._priced_of.get(op.name)
         if priced is None:
-            priced = self._by_signature[key] = _Priced(self.flops(op), self._align_dims.get(name))
+            key = self._signature(op)  # once per op: the all-low ceiling asks again for other dtypes
+            if key is None:
+                return self.times(op, dtypes), [self.output_bytes(op, d) for d in dtypes]
+            priced = self._by_signature.get(key)
+            if priced is None:
+                priced = self._by_signature[key] = _Priced()
+            self._priced_of[op.name] = priced
+        try:
+            return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
+        except KeyError:  # this op prices its signature in ``dtypes``
+            times, out = self.times(op, dtypes), [self.output_bytes(op, d) for d in dtypes]
+            self._remember(priced, op, dtypes)
+            return times, out
+
+    def _remember(self, priced: _Priced, op: Op, dtypes: tuple[str, ...]) -> None:
+        """Record under ``op``'s signature what ``costs`` just computed for it."""
+        name = op.name
+        if priced.flops is None:
+            priced.flops, priced.align_dims = self.flops(op), self._align_dims.get(name)
         for d in dtypes:
-            priced.times[d] = self._times[d][name]
-            priced.bytes[d] = self._bytes[d][name]
-            priced.out_bytes[d] = self._out_bytes[d][name]
+            if d not in priced.times:  # the others this op read from the signature
+                priced.times[d] = self._times[d][name]
+                priced.bytes[d] = self._bytes[d][name]
+                priced.out_bytes[d] = self._out_bytes[d][name]
 
     def _signature(self, op: Op) -> tuple | None:
         """Everything ``_time``, ``bytes``, ``flops``, ``aligned`` and ``output_bytes`` read of ``op``:
@@ -205,13 +212,16 @@ class OpTimer:
     def aligned(self, op: Op, dtype: str) -> bool:
         """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype
         (a cast the casts pass inserts keeps its input's shape, so they hold after it too)."""
-        dims = self._align_dims.get(op.name)
+        priced = self._priced_of.get(op.name)
+        dims = priced.align_dims if priced is not None and priced.align_dims is not None else \
+            self._align_dims.get(op.name)
         if dims is None:
             dims = self._align_dims[op.name] = alignment_dims(op, self.graph)
         return not misaligned(dims, dtype)
 
     def time(self, op: Op, dtype: str) -> float:
-        return _memo(self._times, op, dtype, self._time)
+        shared = self._shared(op, "times", dtype)
+        return shared if shared is not None else _memo(self._times, op, dtype, self._time)
 
     def _time(self, op: Op, dtype: str) -> float:
         norm = self.groups.norms.get(self.groups.group_of.get(op.name, -1))
@@ -301,13 +311,15 @@ class OpTimer:
 
 
 class _Priced:
-    """One op signature's numbers (``OpTimer.costs``): FLOPs, alignment dims, and per dtype the
-    op's time, the bytes it moves and the bytes its outputs hold."""
+    """One op signature's numbers (``OpTimer.costs``): FLOPs, alignment dims (None until the first
+    op of the signature is priced), and per dtype the op's time, the bytes it moves and the bytes
+    its outputs hold."""
 
     __slots__ = ("flops", "align_dims", "times", "bytes", "out_bytes")
 
-    def __init__(self, flops: float, align_dims: dict[str, int] | None) -> None:
-        self.flops, self.align_dims = flops, align_dims
+    def __init__(self) -> None:
+        self.flops: float | None = None
+        self.align_dims: dict[str, int] | None = None
         self.times: dict[str, float] = {}
         self.bytes: dict[str, float] = {}
         self.out_bytes: dict[str, float] = {}

@@ -205,11 +205,7 @@ class _CutEdges:
 
     def __init__(self, energy: PlanEnergy) -> None:
         self.index = {u: i + 2 for i, u in enumerate(energy.unit_ops)}
-        units = _EdgeBlock()
-        for u, node in self.index.items():
-            units.add(_SOURCE, node, energy.time_low[u], energy.act_low[u])
-            units.add(node, _SINK, energy.time_fp32[u], energy.act_fp32[u])
-        self.units = units.arrays()
+        self.units = self._units(energy)
         self.casts = self._casts(energy.terms)
         self._mem_terms = energy.mem_terms  # laid out only for a memory-weighted cut (pin_forced's
         self._layouts: dict[bool, tuple] = {}  # energy pins the terms, not the weights)
@@ -228,17 +224,29 @@ class _CutEdges:
             found = self._layouts[with_memory] = (first, *(np.concatenate(p) for p in zip(*parts)))
         return found
 
+    def _units(self, energy: PlanEnergy) -> tuple:
+        """Per unit in order: source -> unit (its low time and bytes), unit -> sink (FP32's)."""
+        units = list(energy.unit_ops)
+        nodes = np.fromiter(self.index.values(), dtype=np.int64, count=len(units))
+        pairs = [(energy.time_low[u], energy.time_fp32[u], energy.act_low[u], energy.act_fp32[u]) for u in units]
+        low_time, fp32_time, low_bytes, fp32_bytes = np.array(pairs, dtype=np.float64).reshape(-1, 4).T
+        rows = np.stack([np.full_like(nodes, _SOURCE), nodes], axis=1).ravel()
+        cols = np.stack([nodes, np.full_like(nodes, _SINK)], axis=1).ravel()
+        per_time = np.stack([low_time, fp32_time], axis=1).ravel()
+        per_memory = np.stack([low_bytes, fp32_bytes], axis=1).ravel()
+        return rows, cols, per_time, per_memory, np.zeros(rows.size, dtype=bool), 0
+
     def _tie(self, block: _EdgeBlock, a: int, b: int, consumers) -> None:
         """Readers pull ``a`` to the low side and ``b`` to the FP32 side with them."""
-        index = self.index
+        index, tied = self.index, block.tied
         for ckind, cv in consumers:
             if ckind == "var":
-                block.add(a, index[cv], 0.0, 0.0, True)
-                block.add(index[cv], b, 0.0, 0.0, True)
+                node = index[cv]
+                tied += (a, node, node, b)
             elif cv == 1:
-                block.add(a, _SINK, 0.0, 0.0, True)  # a consumer fixed low: ``a`` takes the low side
+                tied += (a, _SINK)  # a consumer fixed low: ``a`` takes the low side
             else:
-                block.add(_SOURCE, b, 0.0, 0.0, True)  # a consumer fixed FP32: ``b`` takes the FP32 side
+                tied += (_SOURCE, b)  # a consumer fixed FP32: ``b`` takes the FP32 side
 
     def _weights(self, mem_terms) -> tuple:
         block = _EdgeBlock()
@@ -268,31 +276,38 @@ class _CutEdges:
 
 
 class _EdgeBlock:
-    """Edges being listed; auxiliary nodes are numbered within the block as ``~k`` (-1, -2, ...)."""
+    """Edges being listed, priced ones and infinite ones apart (a cut does not depend on the
+    order of the edges, only the sum of the finite capacities on the order of those); auxiliary
+    nodes are numbered within the block as ``~k`` (-1, -2, ...)."""
 
     def __init__(self) -> None:
         self.rows: list[int] = []
         self.cols: list[int] = []
         self.per_time: list[float] = []
         self.per_memory: list[float] = []
-        self.infinite: list[bool] = []
+        self.tied: list[int] = []  # the infinite edges, their ends two by two (``a, b``: a -> b)
         self.n_aux = 0
 
     def aux(self) -> int:
         self.n_aux += 1
         return ~(self.n_aux - 1)
 
-    def add(self, a: int, b: int, t: float, m: float, inf: bool = False) -> None:
+    def add(self, a: int, b: int, t: float, m: float) -> None:
         self.rows.append(a)
         self.cols.append(b)
         self.per_time.append(t)
         self.per_memory.append(m)
-        self.infinite.append(inf)
 
     def arrays(self) -> tuple:
-        return (np.array(self.rows, dtype=np.int64), np.array(self.cols, dtype=np.int64),
-                np.array(self.per_time, dtype=np.float64), np.array(self.per_memory, dtype=np.float64),
-                np.array(self.infinite, dtype=bool), self.n_aux)
+        """(rows, cols, per_time, per_memory, infinite, n_aux): the priced edges, then the infinite ones."""
+        n_tied = len(self.tied) // 2
+        tied = np.array(self.tied, dtype=np.int64).reshape(-1, 2)
+        zeros = np.zeros(n_tied, dtype=np.float64)
+        return (np.concatenate([np.array(self.rows, dtype=np.int64), tied[:, 0]]),
+                np.concatenate([np.array(self.cols, dtype=np.int64), tied[:, 1]]),
+                np.concatenate([np.array(self.per_time, dtype=np.float64), zeros]),
+                np.concatenate([np.array(self.per_memory, dtype=np.float64), zeros]),
+                np.arange(len(self.rows) + n_tied) >= len(self.rows), self.n_aux)
 
 
 def _absolute(nodes: np.ndarray, first: int) -> np.ndarray:
