@@ -53,17 +53,15 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
         elif node is None:  # inserted by a pass
             node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
         else:
-            # compared in place (no copy of the node's name lists: most nodes are left as they were)
-            if node.input != op.inputs:
+            if list(node.input) != op.inputs:
                 del node.input[:]
                 node.input.extend(op.inputs)
-            # a kept graph output is renamed: its old name has the old dtype
-            source_output = node.output[0] if node.output else None
-            if node.output != op.outputs:
+            source_outputs = list(node.output)  # a kept graph output is renamed: its old name has the old dtype
+            if source_outputs != op.outputs:
                 del node.output[:]
                 node.output.extend(op.outputs)
-            if op.outputs and op.outputs[0] and source_output is not None:
-                _retarget_dtype_attrs(graph, node, op.outputs, [original.get(source_output)])
+            if op.outputs and op.outputs[0] and source_outputs:
+                _retarget_dtype_attrs(graph, node, op.outputs, [original.get(source_outputs[0])])
         scopes[op.scope].append(node)
     # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
     for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
