@@ -212,9 +212,12 @@ def _is_cast(op: Op) -> bool:
 
 
 def _eliminate_casts(graph: PrecisionGraph) -> int:
+    """Rules 4-7 (module docstring); they rewire and remove casts only, so they walk the cast ops
+    alone (listed once, in graph order) rather than the whole graph."""
     removed = 0
     outputs = {t.name for t in graph.tensors.values() if t.is_graph_output}
-    for name in list(graph.ops):
+    cast_names = [name for name, op in graph.ops.items() if op.canonical == "cast"]
+    for name in cast_names:
         op = graph.ops.get(name)
         if op is None or not _is_cast(op) or op.op_type not in ("Cast", "aten._to_copy.default"):
             continue
@@ -234,8 +237,8 @@ def _eliminate_casts(graph: PrecisionGraph) -> int:
         if src.dtype == out.dtype and out.name not in outputs:
             _bypass(graph, op, src)
             removed += 1
-    removed += _merge_siblings(graph, outputs)
-    removed += _drop_dead_casts(graph, outputs)
+    removed += _merge_siblings(graph, outputs, cast_names)
+    removed += _drop_dead_casts(graph, outputs, cast_names)
     return removed
 
 
@@ -250,9 +253,14 @@ def _bypass(graph: PrecisionGraph, op: Op, src: Tensor) -> None:
     graph.remove_op(op.name)
 
 
-def _merge_siblings(graph: PrecisionGraph, outputs: set[str]) -> int:
+def _merge_siblings(graph: PrecisionGraph, outputs: set[str], cast_names: list[str]) -> int:
+    """Rule 6: per tensor (in graph order), its sibling casts to one dtype become the first one.
+    Only tensors a cast reads can have any: they are tracked as merges move readers around."""
     merged = 0
+    read_by_casts = {op.inputs[0] for op in map(graph.ops.get, cast_names) if op is not None and _is_cast(op)}
     for t in list(graph.tensors.values()):
+        if t.name not in read_by_casts:
+            continue
         seen: dict[str, Op] = {}
         for cname, port in list(t.consumers):
             op = graph.ops.get(cname)
@@ -265,16 +273,18 @@ def _merge_siblings(graph: PrecisionGraph, outputs: set[str]) -> int:
             elif op.outputs[0] not in outputs and op.scope == keep.scope:
                 for c2, p2 in list(graph.tensors[op.outputs[0]].consumers):
                     graph.set_input(c2, p2, keep.outputs[0])
+                read_by_casts.add(keep.outputs[0])  # it may now feed sibling casts of its own
                 graph.remove_op(op.name)
                 merged += 1
     return merged
 
 
-def _drop_dead_casts(graph: PrecisionGraph, outputs: set[str]) -> int:
+def _drop_dead_casts(graph: PrecisionGraph, outputs: set[str], cast_names: list[str]) -> int:
+    """Rule 7, last op first: dropping a cast can leave the cast that feeds it without readers."""
     dropped = 0
-    for name in reversed(list(graph.ops)):
-        op = graph.ops[name]
-        if _is_cast(op) and op.inserted and not graph.tensors[op.outputs[0]].consumers \
+    for name in reversed(cast_names):
+        op = graph.ops.get(name)
+        if op is not None and _is_cast(op) and op.inserted and not graph.tensors[op.outputs[0]].consumers \
                 and op.outputs[0] not in outputs:
             graph.remove_op(name)
             dropped += 1

@@ -67,13 +67,14 @@ class ClassifyPass(Pass):
 
 
 def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
-    names = {op.op_type, op.canonical or "", f"{op.domain}::{op.op_type}" if op.domain else op.op_type}
     if op.name in ctx.deny_nodes:
         return DENY, "deny: node named by the user (--deny-node)"
-    if names & ctx.deny:
-        return DENY, "deny: op type named by the user (--deny)"
-    if names & ctx.allow:
-        return ALLOW, "allow: op type named by the user (--allow)"
+    if ctx.deny or ctx.allow:  # the op's names are built only when the user named op types
+        names = {op.op_type, op.canonical or "", f"{op.domain}::{op.op_type}" if op.domain else op.op_type}
+        if names & ctx.deny:
+            return DENY, "deny: op type named by the user (--deny)"
+        if names & ctx.allow:
+            return ALLOW, "allow: op type named by the user (--allow)"
     if row is None:
         domain = f"{op.domain}::" if op.domain else ""
         return UNKNOWN, f"unknown op {domain}{op.op_type}: not in the registry, kept FP32"

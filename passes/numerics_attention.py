@@ -43,8 +43,8 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         if op.canonical not in _PRODUCTS or not op.outputs or not op.outputs[0]:
             continue
         operands = [i for i in op.inputs if i]
-        if len(operands) != 2 or any(_static(graph, t, _MAX_STATIC) for t in operands):
-            continue  # a weight GEMM, not scores
+        if len(operands) != 2 or _weight_product(graph, operands):
+            continue
         path = mask_flow(graph, op.outputs[0])  # the ops to the softmax it feeds, or None
         if path is None or any(_scales(graph, graph.ops[n]) for n in path):
             continue
@@ -59,6 +59,13 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         for name in (op.name, *sorted(path)):
             out.setdefault(name, why)
     return out
+
+
+def _weight_product(graph: PrecisionGraph, operands: list[str]) -> bool:
+    """A product with a static operand: a weight GEMM, not scores. A constant operand (most weight
+    GEMMs) settles it before the walk back from the activation operand."""
+    tensors = graph.tensors
+    return any(tensors[t].is_constant for t in operands) or any(_static(graph, t, _MAX_STATIC) for t in operands)
 
 
 def _softmax_of(graph: PrecisionGraph, path: set[str]) -> str:

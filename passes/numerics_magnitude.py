@@ -46,6 +46,8 @@ def tiny_products(graph: PrecisionGraph, rng: DtypeRange, label: str) -> dict[st
         for out in op.outputs:
             if out and is_float(graph.tensors[out].dtype):
                 size[out], source[out] = magnitude, constant
+    if not size:
+        return {}  # nothing tiny (most models): no walk back over the readers
     absorbed: set[str] = set()
     for op in reversed(graph.ops.values()):  # readers first
         absorbed.update(out for out in op.outputs if out in size and _absorbed(graph, out, size, absorbed))

@@ -56,6 +56,7 @@ class PropagatePass(Pass):
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         before = snapshot(graph, "eligible", "precision", "reason")
         after_unscale = _after_unscale(graph)
+        near_unsafe = _near_unsafe_values(graph)
         candidates = []
         for op in graph.ops.values():
             op.eligible = False
@@ -72,7 +73,7 @@ class PropagatePass(Pass):
                 pass  # classify already gave the reason
             elif op.forbid_low:
                 op.reason = f"{op.op_class}: {op.forbid_low}"
-            elif (unsafe := _unsafe_constant(graph, op)) is not None:
+            elif op.name in near_unsafe and (unsafe := _unsafe_constant(graph, op)) is not None:
                 op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
             else:
                 op.precision = None
@@ -162,6 +163,18 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
                 tainted[prod] = reached[prod]
                 stack.append(prod)
     return tainted
+
+
+def _near_unsafe_values(graph: PrecisionGraph) -> set[str]:
+    """Ops that read or write a value the numerics pass found the low dtype cannot hold: the only
+    ones ``_unsafe_constant`` can answer for (few or none: no need to ask every op)."""
+    near: set[str] = set()
+    for t in graph.tensors.values():
+        if t.low_unsafe:
+            near.update(name for name, _ in t.consumers)
+            if t.producer:
+                near.add(t.producer)
+    return near
 
 
 def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:

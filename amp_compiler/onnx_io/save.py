@@ -88,7 +88,7 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
             del skeleton
             mapped = []
         else:
-            with _mapped_out(model, base) as mapped:  # weights left in the mapped input: written after the rest
+            with _mapped_out(model, base, mapped_from) as mapped:  # weights left in the mapped input: written after the rest
                 payload = model.SerializeToString()
         with open(staging.path(out), "wb") as f:
             f.write(payload)
@@ -130,9 +130,13 @@ def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path], set[P
 
 
 @contextmanager
-def _mapped_out(model: ModelProto, base: Path | None) -> Iterator[list[PendingCast]]:
+def _mapped_out(model: ModelProto, base: Path | None, mapped_from: set[Path]) -> Iterator[list[PendingCast]]:
     """Take the main graph's mapped initializers out of ``model`` for the block, as ``PendingCast``s
-    that copy them from the mapped file; those anywhere else are read into the model for good."""
+    that copy them from the mapped file; those anywhere else are read into the model for good.
+    ``mapped_from``: the mapped files ``_survey`` found the model's tensors in (none: no walk)."""
+    if not mapped_from:
+        yield []
+        return
     inits = model.graph.initializer
     taken = [(i, TensorProto()) for i, t in enumerate(inits) if is_external(t) and is_inline(t)]
     out = []
