@@ -74,7 +74,7 @@ class ConvertPass(Pass):
         plan = pin_forced(graph, ctx, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
         tie = ""
         if ctx.planner == "optimal" and ctx.objective == "time" and plan == chosen:  # not a user's pin
-            tie = near_tie_note(energy, plan, TIE_LAUNCHES)
+            tie = near_tie_note(graph, energy, plan, TIE_LAUNCHES)
         _apply(graph, ctx, energy, plan)
         note_forced(graph, ctx)
         mixed, n_casts, cast_s = energy.total(plan)

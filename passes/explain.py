@@ -71,14 +71,15 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     return "\n".join(lines)
 
 
-def near_tie_note(energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:
+def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:
     """One line when ``plan`` is predicted slower than all-FP32: the near-tie the ``time``
     objective took for memory (``docs/architecture.md``, "The objective"); "" otherwise."""
     t32, t = energy.total({u: 0 for u in plan})[0], energy.total(plan)[0]
     if t <= t32 or t32 <= 0:
         return ""
+    fastest = "--objective fastest" if graph.inputs_retypable else 'objective="fastest"'
     return (f"{_us(t - t32)} ({(t - t32) / t32:.1%}) over FP32: a tie within 1% or {launches} launches for less memory "
-            "(--objective fastest: none)")
+            f"({fastest}: none)")
 
 
 def _fusing_runtimes(graph: PrecisionGraph) -> str:

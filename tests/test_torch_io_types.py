@@ -111,6 +111,19 @@ def test_what_would_change_an_fp32_plan_is_said_in_the_torch_api_s_words():
     assert "--deploy" not in why
 
 
+def test_a_near_tie_names_the_torch_api_s_objective():
+    """A tiny decoder's plan is a near-tie slower than FP32 for less memory; the note names the
+    compile argument that gives the exact time minimum, not the CLI flag."""
+    model = _llama(64, 1000)
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=torch.randint(0, 1000, (1, 16)), use_cache=False))
+    tie = amp.report.summary["near_tie"]
+    assert tie.endswith('(objective="fastest": none)') and "--objective" not in tie
+    fastest = amp_compiler.compile(model, example_kwargs=dict(input_ids=torch.randint(0, 1000, (1, 16)),
+                                                              use_cache=False), objective="fastest")
+    summary = fastest.report.summary
+    assert summary["predicted_time_mixed_s"] <= summary["predicted_time_fp32_s"] and not summary["near_tie"]
+
+
 def _llama(width: int, vocab: int):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1,
