@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -246,13 +247,31 @@ class AmpModule(torch.nn.Module):
         return self._encoder.amp if self._encoder is not None else None
 
     def __getattr__(self, name: str) -> Any:
+        """Submodules, parameters and buffers (the model's own); ``graph``/``code``/``graph_module``
+        of the last plan (export route); the model's data attributes (``config``,
+        ``generation_config``). A method of the model is refused with a pointer: it would run
+        the FP32 model, not the plans."""
         try:
             return super().__getattr__(name)
         except AttributeError:
             gm = self.__dict__.get("_last") and self.__dict__["_last"].graph_module
             if name in ("graph", "code", "graph_module") and gm is not None:
                 return gm if name == "graph_module" else getattr(gm, name)
-            raise
+            route = self.__dict__.get("_route")
+            try:
+                if route is None:  # not set up yet (unpickling, copying)
+                    raise AttributeError(name)
+                value = getattr(route.model, name)
+            except AttributeError:
+                source = self.__dict__.get("_source", "model")
+                raise AttributeError(f"'AmpModule' object has no attribute {name!r} (nor has the {source} "
+                                     f"it plans)") from None
+            if inspect.ismethod(value):
+                raise AttributeError(
+                    f"amp_compiler: {self._source}.{name}() would run the FP32 model, not the plans; the "
+                    f"AmpModule plans forward (its calls) and generate(): call model.{name}() on the model "
+                    f"itself, or compile the submodule it runs") from None
+            return value
 
     def train(self, mode: bool = True) -> "AmpModule":
         if bool(mode) != self.training:

@@ -87,3 +87,16 @@ def test_an_encoder_decoder_s_encoder_is_planned_too():
     assert encoder.report.summary["nodes"] > 0 and encoder.report.source == "T5Stack"
     _greedy(amp, ids)
     assert amp.generate_encoder is encoder and encoder.plans == 1  # planned once, reused
+
+
+def test_the_model_s_data_attributes_read_through_and_its_methods_point_to_the_model():
+    """``amp.config`` is the model's; a method of the model would run it in FP32, so it is refused
+    with a pointer instead of running silently unplanned."""
+    model = _gpt2()
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=torch.randint(0, 100, (1, 8))))
+    assert amp.config is model.config and amp.generation_config is model.generation_config
+    with pytest.raises(AttributeError, match=r"get_output_embeddings\(\) would run the FP32 model, not the plans"):
+        amp.get_output_embeddings()
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent' \\(nor has the GPT2LMHeadModel"):
+        amp.nonexistent
+    assert not hasattr(amp, "nonexistent")
