@@ -155,6 +155,22 @@ def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
     assert out.logits.dtype == torch.float16  # the symbolic plan ran its GEMMs in FP16
 
 
+def test_inductor_runs_the_symbolic_decode_plan():
+    """With backend="inductor" the symbolic plan's graph (sizes as symbols among its inputs) is handed
+    to inductor too: later cache lengths reuse it and match the FP32 model."""
+    model = _llama(64, 100)
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), backend="inductor")
+    with torch.no_grad():
+        out, ref = amp(input_ids=ids), model(input_ids=ids)
+        for _ in range(4):
+            token = ref.logits[:, -1:].argmax(-1)
+            out = amp(input_ids=token, past_key_values=out.past_key_values)
+            ref = model(input_ids=token, past_key_values=ref.past_key_values)
+            assert _rel(out.logits, ref.logits) < 1e-2
+    assert amp.plans == 3 and amp.report.summary["dim_values"]
+
+
 def test_a_call_beyond_max_plans_warns_and_runs_the_fp32_model():
     """With max_plans=2 (prefill and the first decode step), the second step would need a third
     (symbolic) plan: it warns, says what would help, and returns the FP32 model's answer."""
