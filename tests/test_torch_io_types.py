@@ -131,6 +131,19 @@ def _llama(width: int, vocab: int):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
+def _decode_and_compare(amp, model, ids, steps: int, tolerance: float):
+    """Prefill ``ids``, then ``steps`` greedy decode steps on both, each step's logits checked
+    against the FP32 model's; returns the last step's output of ``amp``."""
+    with torch.no_grad():
+        out, ref = amp(input_ids=ids), model(input_ids=ids)
+        for _ in range(steps):
+            token = ref.logits[:, -1:].argmax(-1)
+            out = amp(input_ids=token, past_key_values=out.past_key_values)
+            ref = model(input_ids=token, past_key_values=ref.past_key_values)
+            assert _rel(out.logits, ref.logits) < tolerance
+    return out
+
+
 def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
     """On the dynamo route the first decode step is planned for its shapes and the second, whose
     cache length differs, symbolically: every later step reuses that plan (no capture per token),
@@ -141,13 +154,7 @@ def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
     assert amp.capture.startswith("torch.compile")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no max_plans warning: the loop stays within three plans
-        with torch.no_grad():
-            out, ref = amp(input_ids=ids), model(input_ids=ids)
-            for _ in range(6):
-                token = ref.logits[:, -1:].argmax(-1)
-                out = amp(input_ids=token, past_key_values=out.past_key_values)
-                ref = model(input_ids=token, past_key_values=ref.past_key_values)
-                assert _rel(out.logits, ref.logits) < 2e-2
+        out = _decode_and_compare(amp, model, ids, steps=6, tolerance=2e-2)
     assert amp.plans == 3  # prefill, first step, then one symbolic plan for every cache length
     summary = amp.report.summary
     assert summary["dim_values"] and summary["fp16_gemm_flop_fraction"] > 0.5
@@ -161,13 +168,7 @@ def test_inductor_runs_the_symbolic_decode_plan():
     model = _llama(64, 100)
     ids = torch.randint(0, 100, (1, 8))
     amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), backend="inductor")
-    with torch.no_grad():
-        out, ref = amp(input_ids=ids), model(input_ids=ids)
-        for _ in range(4):
-            token = ref.logits[:, -1:].argmax(-1)
-            out = amp(input_ids=token, past_key_values=out.past_key_values)
-            ref = model(input_ids=token, past_key_values=ref.past_key_values)
-            assert _rel(out.logits, ref.logits) < 1e-2
+    _decode_and_compare(amp, model, ids, steps=4, tolerance=1e-2)
     assert amp.plans == 3 and amp.report.summary["dim_values"]
 
 
