@@ -144,13 +144,18 @@ def _decode_and_compare(amp, model, ids, steps: int, tolerance: float):
     return out
 
 
-def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
+@pytest.mark.parametrize("width, options, logits_dtype", [
+    (1024, {}, torch.float32),
+    (256, {"keep_io_types": False, "target": "a100"}, torch.float16),
+], ids=["defaults", "low-io-a100"])
+def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low(width, options, logits_dtype):
     """On the dynamo route the first decode step is planned for its shapes and the second, whose
     cache length differs, symbolically: every later step reuses that plan (no capture per token),
-    runs it in FP16 and matches the FP32 model."""
-    model = _llama(256, 1000)
+    runs most GEMM FLOPs in FP16 and matches the FP32 model. With defaults the logits keep FP32;
+    without keep_io_types they come back as the FP16 LM head computed them."""
+    model = _llama(width, 1000)
     ids = torch.randint(0, 1000, (1, 16))
-    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), keep_io_types=False, target="a100")
+    amp = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids), **options)
     assert amp.capture.startswith("torch.compile")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no max_plans warning: the loop stays within three plans
@@ -159,7 +164,7 @@ def test_a_decode_loop_shares_one_symbolic_plan_and_stays_low():
     summary = amp.report.summary
     assert summary["dim_values"] and summary["fp16_gemm_flop_fraction"] > 0.5
     assert not summary["unknown_ops"]  # the symbolic graph's sym_size reads are no ops on data
-    assert out.logits.dtype == torch.float16  # the symbolic plan ran its GEMMs in FP16
+    assert out.logits.dtype == logits_dtype
 
 
 def test_inductor_runs_the_symbolic_decode_plan():

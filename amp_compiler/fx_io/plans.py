@@ -107,7 +107,6 @@ class PlanCache:
 
     limit: int = DEFAULT_PLAN_LIMIT
     plans: "OrderedDict[Hashable, Plan]" = field(default_factory=OrderedDict)
-    made: int = 0  # plans made in all, evicted ones included
 
     def get(self, key: Hashable) -> Plan | None:
         plan = self.plans.get(key)
@@ -117,7 +116,6 @@ class PlanCache:
 
     def put(self, key: Hashable, plan: Plan) -> Plan:
         self.plans[key] = plan
-        self.made += 1
         while len(self.plans) > self.limit:
             self.plans.popitem(last=False)
         return plan
