@@ -14,11 +14,12 @@ naming the module and the construct, and what to try next.
 
 The module returned, an ``AmpModule``, shares the model's parameters, buffers and
 submodules (its ``state_dict`` is the model's), keeps the forward's signature and output
-dtypes, and plans per call shape. On the export route a call whose shapes (or dtypes, or
-non-tensor arguments) differ from every plan's is captured and planned again, up to
-``max_plans`` plans (least recently used dropped first); on the dynamo route a dim seen at a
-second size gets one symbolic plan that later sizes share, as ``torch.compile`` does by
-default. ``amp_model.plans`` says how many exist, ``amp_model.report`` is the report of
+dtypes, and plans per call shape. On both routes a dim seen at a second size gets one
+symbolic plan that later sizes share, as ``torch.compile`` does by default: on the export
+route the call is captured again with those dims ``Dim.AUTO`` and the plan takes every call
+its guards accept; a call no plan takes (other dtypes or non-tensor arguments, a dim the model
+pins) is captured and planned again, up to ``max_plans`` plans (least recently used dropped
+first, with a warning). ``amp_model.plans`` says how many exist, ``amp_model.report`` is the report of
 the plan the last call used.
 
 * inference (``training=False``, the default for a model in eval mode): every weight an
@@ -36,7 +37,7 @@ import copy
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 from torch import fx
@@ -47,11 +48,11 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
-from .fx_io.capture import export_graph, failing_module, views_as_reshapes
+from .fx_io.capture import accepts, automatic_dynamic_shapes, export_graph, failing_module, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
-                          finite_peak, merge_reports)
+                          finite_peak, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
@@ -61,10 +62,13 @@ EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
 
 
 class _ExportRoute:
-    """One ``torch.export`` capture and plan per call key (least recently used dropped beyond
-    ``max_plans``: it is captured again if its shapes come back). A later call export cannot
-    capture (a cache passed back in, as ``generate`` does) goes to a dynamo route, and so do
-    the calls of the same structure after it."""
+    """One ``torch.export`` capture and plan per call shape, with automatic dynamic shapes: a call
+    whose dims differ from those of earlier calls of the same ranks is captured with those dims
+    ``Dim.AUTO`` (symbolic where the model allows it), and that plan takes every later call its
+    guards accept. At most ``max_plans`` plans, least recently used dropped first (with a warning:
+    its shapes are captured again if they return). A later call export cannot capture (a cache
+    passed back in, as ``generate`` does) goes to a dynamo route, and so do the calls of the same
+    structure after it."""
 
     name = EXPORT
 
@@ -73,6 +77,8 @@ class _ExportRoute:
         self.cache = PlanCache(limit)
         self._dynamo: _DynamoRoute | None = None  # made on the first call export refuses
         self._refused: set = set()  # ``call_structure`` of the calls export refused
+        self._seen: dict[Hashable, list[tuple]] = {}  # by family: the leaf shapes of the calls planned
+        self._static_only: set = set()  # families whose automatic symbolic capture failed
 
     @property
     def plans(self) -> list[Plan]:
@@ -86,14 +92,14 @@ class _ExportRoute:
         return self.cache.put(self.key(args, kwargs), self.plan(args, kwargs))
 
     def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Run one call on its key's plan, captured and planned first if the cache has none."""
+        """Run one call on its key's plan, or a symbolic plan that takes it, else on a new plan."""
         if self._dynamo is not None and call_structure(args, kwargs) in self._refused:
             return self._dynamo.call(args, kwargs)
         key = self.key(args, kwargs)
-        plan = self.cache.get(key)
+        plan = self.cache.get(key) or self._symbolic_taking(args, kwargs)
         if plan is None:
             try:
-                plan = self.cache.put(key, self.plan(args, kwargs))
+                plan = self._put(key, self.plan(args, kwargs), args, kwargs)
             except ConversionError:
                 if self.dynamic_shapes is not None:
                     raise  # the user asked for torch.export's symbolic shapes: its error is the answer
@@ -103,10 +109,40 @@ class _ExportRoute:
                 return self._dynamo.call(args, kwargs)
         return plan, plan.run(*args, **kwargs)
 
+    def _symbolic_taking(self, args: tuple, kwargs: dict) -> Plan | None:
+        """The most recently used symbolic plan whose guards accept the call."""
+        family = call_key(args, kwargs, sizes=False)
+        for key, plan in reversed(self.cache.plans.items()):
+            if plan.family == family and plan.accepts is not None and plan.accepts(args, kwargs):
+                return self.cache.get(key)
+        return None
+
+    def _put(self, key: Hashable, plan: Plan, args: tuple, kwargs: dict) -> Plan:
+        if len(self.cache.plans) >= self.cache.limit:
+            dropped = next(iter(self.cache.plans.values()))
+            warnings.warn(f"amp_compiler: {self.source} holds max_plans={self.cache.limit} plans; the plan for "
+                          f"{describe_key(args, kwargs)} replaced the least recently used one ({dropped.shapes}), "
+                          f"which is captured again if its shapes return (raise max_plans, or pass "
+                          f"dynamic_shapes)", stacklevel=5)
+        return self.cache.put(key, plan)
+
     def plan(self, args: tuple, kwargs: dict) -> Plan:
-        """Capture the call with torch.export and plan the graph (sized by the call's shapes)."""
+        """Capture the call with torch.export and plan the graph (sized by the call's shapes): dims
+        that took other sizes in earlier calls of the same ranks are captured ``Dim.AUTO``."""
+        family, shapes = call_key(args, kwargs, sizes=False), leaf_shapes(args, kwargs)
+        dims = {} if self.dynamic_shapes is not None or family in self._static_only else \
+            varying_dims(self._seen.get(family, ()), shapes)
+        self._seen.setdefault(family, []).append(shapes)
+        if dims:
+            try:
+                return self._planned(args, kwargs, automatic_dynamic_shapes(args, kwargs, dims), family)
+            except ConversionError:  # the model pins what changed: one static plan per shape, as before
+                self._static_only.add(family)
+        return self._planned(args, kwargs, self.dynamic_shapes, family)
+
+    def _planned(self, args: tuple, kwargs: dict, dynamic_shapes: Any, family: Hashable) -> Plan:
         o = self.opts
-        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=self.dynamic_shapes)
+        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes)
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs))
         ctx = _context(o)
@@ -123,7 +159,9 @@ class _ExportRoute:
                 folded.refresh(gm)
             return inner(*a, **k)
 
-        return Plan(run, report, describe_key(args, kwargs), gm)
+        symbolic = bool(imp.dim_values) and self.dynamic_shapes is None
+        return Plan(run, report, describe_key(args, kwargs), gm,
+                    accepts=functools.partial(accepts, gm) if symbolic else None, family=family)
 
 
 class _DynamoRoute:
@@ -303,11 +341,11 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
-    called with; their shapes size the cost model; other shapes get plans of their own
-    (at most ``max_plans``), or, with ``dynamic_shapes`` (as for ``torch.export``), share
-    one symbolic plan sized by the example; a model only dynamo captures (a cache output, a
-    data-dependent branch) gets a symbolic plan for a dim once it takes a second size, which
-    later sizes share (a decode loop). ``target`` is the device the plan is for,
+    called with; their shapes size the cost model; a dim that takes a second size gets one
+    symbolic plan, sized by that call, which later sizes share (a serving loop's lengths, a
+    decode loop's steps), on either capture route; calls no plan takes get plans of their own
+    (at most ``max_plans``). With ``dynamic_shapes`` (as for ``torch.export``) every call
+    shares one symbolic plan sized by the example. ``target`` is the device the plan is for,
     ``dtype`` float16 or bfloat16, ``planner`` "optimal" (min-cut) or "greedy". ``allow`` /
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``

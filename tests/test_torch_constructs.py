@@ -10,6 +10,7 @@ so their GEMMs go FP16 at these sizes.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 
@@ -61,10 +62,67 @@ def test_shape_dependent_python_control_flow_is_specialised():
     assert len(_fp16_gemms(compiled.report)) == 4  # two unrolled iterations
     with torch.no_grad():
         assert rel_error(model(x), compiled(x)) < 1e-2
-        longer = torch.randn(768, 256)  # another shape: captured and planned again (three iterations)
+        longer = torch.randn(768, 256)  # another size: captured with the batch Dim.AUTO (three iterations)
         assert rel_error(model(longer), compiled(longer)) < 1e-2
-    assert compiled.plans == 2 and len(_fp16_gemms(compiled.report)) == 6
-    assert compiled.report.summary["dim_values"] == {} and compiled.capture == "torch.export"
+        assert compiled.plans == 2 and len(_fp16_gemms(compiled.report)) == 6
+        assert list(compiled.report.summary["dim_values"].values()) == [768]  # symbolic, sized by the call
+        odd = torch.randn(1000, 256)  # 1000 // 256 == 3 too: the symbolic plan's guards take it
+        assert rel_error(model(odd), compiled(odd)) < 1e-2 and compiled.plans == 2
+        four = torch.randn(1024, 256)  # four iterations: outside its guards, so another capture
+        assert rel_error(model(four), compiled(four)) < 1e-2
+    assert compiled.plans == 3 and len(_fp16_gemms(compiled.report)) == 8
+    assert compiled.capture == "torch.export"
+
+
+class _Pinned(nn.Module):
+    """A block whose output depends on a Python float of its batch size: export specialises that
+    dim whatever ``dynamic_shapes`` says, so every batch size is a plan of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x) * (1.0 / float(x.shape[0]))
+
+
+def test_shapes_the_model_pins_get_static_plans_and_a_full_cache_warns():
+    model = _seeded(_Pinned).eval()
+    compiled = amp_compiler.compile(model, torch.randn(256, 256), target=TARGET, max_plans=2)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # within max_plans: no warning
+        x = torch.randn(384, 256)
+        assert rel_error(model(x), compiled(x)) < 1e-2
+    assert compiled.plans == 2 and compiled.report.summary["dim_values"] == {}  # Dim.AUTO pinned: static
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"max_plans=2 plans; the plan for \(512, 256\) replaced "
+                                                            r"the least recently used one \(\(256, 256\)\)"):
+        x = torch.randn(512, 256)
+        assert rel_error(model(x), compiled(x)) < 1e-2
+    assert compiled.plans == 2
+
+
+def test_a_symbolic_capture_that_fails_falls_back_to_static_plans(monkeypatch):
+    """When the automatic ``Dim.AUTO`` capture fails, the call gets a static plan, and later sizes of
+    the same ranks are not tried symbolically again."""
+    import amp_compiler.torch_api as api
+
+    model, calls = _seeded(Block).eval(), []
+    real = api.export_graph
+
+    def export(*args, dynamic_shapes=None, **kwargs):
+        calls.append(dynamic_shapes)
+        if dynamic_shapes is not None:
+            raise ConversionError("Block", "forward", "symbolic capture refused (test)")
+        return real(*args, dynamic_shapes=dynamic_shapes, **kwargs)
+
+    monkeypatch.setattr(api, "export_graph", export)
+    compiled = amp_compiler.compile(model, torch.randn(256, 256), target=TARGET)
+    with torch.no_grad():
+        for n in (384, 512):
+            x = torch.randn(n, 256)
+            assert rel_error(model(x), compiled(x)) < 1e-2
+    assert compiled.plans == 3 and compiled.capture == "torch.export"
+    assert [c is not None for c in calls] == [False, True, False, False]  # one symbolic try, then static
 
 
 def test_data_dependent_control_flow_falls_back_to_dynamo_with_graph_breaks():

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from ..errors import ConversionError
 from .importer import WeightSpec, dotted_path
@@ -77,6 +78,38 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
             return program.module()
     except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
         raise capture_error(exc, source) from exc
+
+
+def automatic_dynamic_shapes(args: tuple, kwargs: dict, dims: dict[int, frozenset[int]]) -> Any:
+    """A ``dynamic_shapes`` for ``torch.export`` making ``dims`` (by pytree leaf index, as
+    ``plans.varying_dims`` gives them) ``Dim.AUTO``: export keeps a dim symbolic where the model
+    allows it and specialises it where the model pins it, instead of refusing the capture."""
+    from torch.export import Dim, ShapesCollection
+
+    collection = ShapesCollection()
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    for i, leaf_dims in dims.items():
+        if isinstance(leaves[i], torch.Tensor):
+            collection[leaves[i]] = {d: Dim.AUTO for d in sorted(leaf_dims)}
+    return collection
+
+
+def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
+    """Whether an export's module takes a call, by torch.export's own input checks (the argument
+    structure, then the guards of its symbolic dims: ranges, relations, specialisations) without
+    running the graph."""
+    from torch.export import _unlift
+
+    try:
+        flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+        guards = getattr(gm, "_guards_fn", None)
+        if guards is not None:
+            guards(*flat)
+        else:
+            _unlift._check_input_constraints_for_module(gm, tuple(args), dict(kwargs))
+    except (AssertionError, RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 _LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.partition(".")[0]]))
@@ -192,7 +225,8 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
     return traced
 
 
-__all__ = ["capture_error", "dynamo_aten_graph", "dynamo_weights", "export_graph", "failing_module"]
+__all__ = ["accepts", "automatic_dynamic_shapes", "capture_error", "dynamo_aten_graph", "dynamo_weights",
+           "export_graph", "failing_module", "views_as_reshapes"]
 
 
 def views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -4,7 +4,9 @@
 come from them). ``call_key`` says which calls may share a plan: same tensor shapes (or
 ranks, where the user gave ``dynamic_shapes``), dtypes and devices, and the same
 non-tensor arguments (a Python scalar is specialised by both capture routes).
-``PlanCache`` keeps the last ``limit`` plans, least recently used out first.
+``PlanCache`` keeps the last ``limit`` plans, least recently used out first. ``varying_dims``
+says which dims of a call changed size since earlier calls of the same ranks: the export
+route's automatic symbolic capture makes them dynamic.
 ``merge_reports`` makes one report of the per-graph reports of a dynamo capture (one
 graph per graph break); ``docs/architecture.md`` ("Capture routes and shapes") says why.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -84,6 +86,24 @@ def _held_tensors(obj: Any, depth: int = 3):
             yield from _held_tensors(value, depth - 1)
 
 
+def leaf_shapes(args: tuple, kwargs: dict) -> tuple[tuple[int, ...] | None, ...]:
+    """Each pytree leaf's tensor shape (``None`` for a leaf that is not a tensor), in flattening order."""
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    return tuple(tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in leaves)
+
+
+def varying_dims(seen: Iterable[tuple], current: tuple) -> dict[int, frozenset[int]]:
+    """By leaf index, the dims of ``current`` (``leaf_shapes`` of a call) whose size differs from any
+    of ``seen`` (the shapes of earlier calls of the same ranks): what an automatic symbolic capture
+    makes dynamic."""
+    out: dict[int, set[int]] = {}
+    for shapes in seen:
+        for i, (old, new) in enumerate(zip(shapes, current)):
+            if old is not None and new is not None and old != new:
+                out.setdefault(i, set()).update(d for d, (a, b) in enumerate(zip(old, new)) if a != b)
+    return {i: frozenset(dims) for i, dims in out.items()}
+
+
 def describe_key(args: tuple, kwargs: dict) -> str:
     """The tensor shapes of a call, for messages: ``(2, 16), attention_mask=(2, 16)``."""
     def one(v: Any) -> str:
@@ -99,6 +119,10 @@ class Plan:
     report: Report
     shapes: str
     graph_module: Any = None  # the rewritten GraphModule (torch.export route), else None
+    #: a symbolic plan of the export route: the calls it takes (``capture.accepts``) among those of
+    #: its ``family`` (their ``call_key`` without sizes)
+    accepts: Callable[[tuple, dict], bool] | None = None
+    family: Hashable = None
 
 
 @dataclass
@@ -155,4 +179,4 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
 
 
 __all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "call_structure", "describe_key",
-           "merge_reports"]
+           "leaf_shapes", "merge_reports", "varying_dims"]
