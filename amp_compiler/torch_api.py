@@ -152,14 +152,17 @@ class _ExportRoute:
         report = build_report(result)  # after emission: counts the casts the emitter added
         report.summary.update(capture=self.name, graphs=1)
         torch.nn.Module.train(gm, o["training"])
-        inner: Callable = torch.compile(views_as_reshapes(gm), backend="inductor") if o["backend"] == "inductor" else gm
+        # a symbolic plan's inductor graph is compiled symbolic once, not once per size
+        inner: Callable = gm
+        if o["backend"] == "inductor":
+            inner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(imp.dim_values) or None)
 
         def run(*a: Any, **k: Any) -> Any:
             if folded.entries:
                 folded.refresh(gm)
             return inner(*a, **k)
 
-        symbolic = bool(imp.dim_values) and self.dynamic_shapes is None
+        symbolic = bool(imp.dim_values) and self.dynamic_shapes is None  # automatic: taken by its guards
         return Plan(run, report, describe_key(args, kwargs), gm,
                     accepts=functools.partial(accepts, gm) if symbolic else None, family=family)
 

@@ -133,6 +133,25 @@ def test_inductor_runs_the_rewritten_graph():
     assert b.dtype == torch.float32
 
 
+@pytest.mark.skipif(not _have_cxx(), reason="inductor on CPU needs a C++ compiler")
+def test_inductor_compiles_a_symbolic_plan_once_for_its_sizes():
+    """The export route's symbolic plan (a batch seen at a second size) is handed to inductor
+    symbolic: later batch sizes reuse its kernels instead of compiling per size."""
+    from torch._dynamo.utils import counters
+
+    model = _mlp()
+    with torch.no_grad():
+        fused = amp_compiler.compile(model, torch.randn(512, 256), target=CI_TARGET, backend="inductor")
+        x = torch.randn(384, 256)
+        assert rel_error(model(x), fused(x)) < 1e-2  # the symbolic plan, compiled
+        counters.clear()
+        for n in (320, 448, 640):
+            x = torch.randn(n, 256)
+            assert rel_error(model(x), fused(x)) < 1e-2
+    assert fused.plans == 2 and fused.report.summary["dim_values"]
+    assert counters["stats"]["unique_graphs"] == 0  # no new compilation for the three new sizes
+
+
 class _CachedAttention(torch.nn.Module):
     """Keys appended to a cache, then a matmul on their transpose, as T5 and GPT-2 attend."""
 
