@@ -48,7 +48,8 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
-from .fx_io.capture import accepts, automatic_dynamic_shapes, export_graph, failing_module, views_as_reshapes
+from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, failing_module, largest_sizes,
+                              views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
@@ -135,16 +136,21 @@ class _ExportRoute:
         self._seen.setdefault(family, []).append(shapes)
         if dims:
             try:
-                return self._planned(args, kwargs, automatic_dynamic_shapes(args, kwargs, dims), family)
+                return self._planned(args, kwargs, automatic_dynamic_shapes(args, kwargs, dims), family,
+                                     self._seen[family])
             except ConversionError:  # the model pins what changed: one static plan per shape, as before
                 self._static_only.add(family)
         return self._planned(args, kwargs, self.dynamic_shapes, family)
 
-    def _planned(self, args: tuple, kwargs: dict, dynamic_shapes: Any, family: Hashable) -> Plan:
+    def _planned(self, args: tuple, kwargs: dict, dynamic_shapes: Any, family: Hashable,
+                 seen: list[tuple] | None = None) -> Plan:
+        """Export, plan and emit one call; an automatic symbolic plan is sized by the largest sizes
+        ``seen`` (``capture.largest_sizes``), not by the call that made it."""
         o = self.opts
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes)
+        hints = largest_sizes(gm, args, kwargs, seen) if seen else None
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
-                                  input_peaks=_input_peaks(gm, args, kwargs))
+                                  input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
         ctx = _context(o)
         ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
         result = run_passes(imp.graph, ctx, self.source, imp.dim_values)
@@ -345,7 +351,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
     called with; their shapes size the cost model; a dim that takes a second size gets one
-    symbolic plan, sized by that call, which later sizes share (a serving loop's lengths, a
+    symbolic plan, sized by the largest sizes seen, which later sizes share (a serving loop's lengths, a
     decode loop's steps), on either capture route; calls no plan takes get plans of their own
     (at most ``max_plans``). With ``dynamic_shapes`` (as for ``torch.export``) every call
     shares one symbolic plan sized by the example. ``target`` is the device the plan is for,

@@ -74,6 +74,18 @@ def test_shape_dependent_python_control_flow_is_specialised():
     assert compiled.capture == "torch.export"
 
 
+def test_a_symbolic_plan_is_sized_by_the_largest_call_seen():
+    """A small call arriving second makes the symbolic plan, but later calls are as large as the
+    example: the cost model prices the plan at the largest size each dim took."""
+    model = _seeded(Block).eval()
+    compiled = amp_compiler.compile(model, torch.randn(512, 256), target=TARGET)
+    with torch.no_grad():
+        x = torch.randn(64, 256)
+        assert rel_error(model(x), compiled(x)) < 1e-2
+    assert list(compiled.report.summary["dim_values"].values()) == [512]
+    assert compiled.report.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
 class _Pinned(nn.Module):
     """A block whose output depends on a Python float of its batch size: export specialises that
     dim whatever ``dynamic_shapes`` says, so every batch size is a plan of its own."""

@@ -112,6 +112,28 @@ def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
     return True
 
 
+def largest_sizes(gm: fx.GraphModule, args: tuple, kwargs: dict, seen: Sequence[tuple]) -> dict[str, int]:
+    """The largest size each input symbol of an export of ``(args, kwargs)`` took over ``seen`` (the
+    ``plans.leaf_shapes`` of the calls so far): what the export route sizes a symbolic plan by, so a
+    plan made when a small call arrived is not priced as small for every later call."""
+    from torch.export import _unlift
+
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    index = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
+    flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+    out: dict[str, int] = {}
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), flat):
+        i, val = index.get(id(value)), node.meta.get("val")
+        if i is None or not isinstance(val, torch.Tensor):
+            continue
+        for d, size in enumerate(val.shape):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is not None and expr.is_Symbol:
+                sizes = [shapes[i][d] for shapes in seen if shapes[i] is not None and len(shapes[i]) > d]
+                out[str(expr)] = max([out.get(str(expr), 0), *sizes])
+    return out
+
+
 _LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.partition(".")[0]]))
 
 
@@ -226,7 +248,7 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
 
 __all__ = ["accepts", "automatic_dynamic_shapes", "capture_error", "dynamo_aten_graph", "dynamo_weights",
-           "export_graph", "failing_module", "views_as_reshapes"]
+           "export_graph", "failing_module", "largest_sizes", "views_as_reshapes"]
 
 
 def views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -59,20 +59,23 @@ class FxImport:
     weights: dict[str, tuple[torch.Tensor, str, int | None]] = field(default_factory=dict)  # tensor -> (value, fqn, ph)
     dim_values: dict[str, int] = field(default_factory=dict)
     training: bool = False
+    size_hints: Mapping[str, int] = field(default_factory=dict)  # symbol -> size the cost model uses
 
 
 def import_graph_module(gm: fx.GraphModule, *, source: str = "model", training: bool = False,
                         weights: dict[str, WeightSpec] | None = None, registry: Registry | None = None,
-                        default_dim: int = 8, input_peaks: Mapping[str, float] | None = None) -> FxImport:
+                        default_dim: int = 8, input_peaks: Mapping[str, float] | None = None,
+                        size_hints: Mapping[str, int] | None = None) -> FxImport:
     """Build the IR of ``gm``; ``weights`` maps placeholder names that carry parameters/buffers;
     ``input_peaks`` gives graph inputs' largest example magnitudes (an additive mask of
-    ``finfo.min``), recorded as calibrated peaks for the numerics pass to judge."""
+    ``finfo.min``), recorded as calibrated peaks for the numerics pass to judge. A symbolic
+    dim is sized by its example's size, or by ``size_hints`` (symbol name -> size) where given."""
     registry = registry or DEFAULT_REGISTRY
     weights = weights or {}
     graph = PrecisionGraph(source)
     graph.inputs_retypable = False  # the caller's tensors arrive as they are
     graph.set_dim_sizes(default_dim)
-    imp = FxImport(graph, gm, training=training)
+    imp = FxImport(graph, gm, training=training, size_hints=dict(size_hints or {}))
     mutated = _written_nodes(gm)
     names: dict[fx.Node, str] = {}  # single-tensor nodes (incl. getitem) -> IR tensor
     op_names: set[str] = set()
@@ -131,11 +134,21 @@ def _shape(imp: FxImport, val: torch.Tensor) -> tuple:
             dims.append(int(const))
             continue
         name = str(d)
-        hint = getattr(d.node, "hint", None)
+        hint = _sized(d, imp.size_hints)
         if hint is not None:
             imp.dim_values[name] = int(hint)
         dims.append(name)
     return tuple(dims)
+
+
+def _sized(d: torch.SymInt, size_hints: Mapping[str, int]) -> int | None:
+    """The size of a symbolic dim: its expression at ``size_hints`` where they cover its symbols,
+    else the example's (the symbol's hint)."""
+    expr = getattr(d.node, "expr", None)
+    if size_hints and expr is not None and expr.free_symbols and \
+            all(str(sym) in size_hints for sym in expr.free_symbols):
+        return int(expr.xreplace({sym: size_hints[str(sym)] for sym in expr.free_symbols}))
+    return getattr(d.node, "hint", None)
 
 
 def _add_tensor(imp: FxImport, name: str, val: torch.Tensor, kind: str, where: tuple[fx.Node, int | None]) -> str:
