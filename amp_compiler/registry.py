@@ -102,6 +102,11 @@ _op("attention", ALLOW, ["Attention", MS + "Attention", MS + "MultiHeadAttention
      "_cudnn_attention_forward", "_native_multi_head_attention"],
     flops="attention", tensor_core=True, note="attention kernels accumulate in FP32")
 _op("gemm_fast_gelu", ALLOW, [MS + "GemmFastGelu"], flops="matmul", tensor_core=True)
+# transformers' MoE experts under torch.compile/export with FP32 weights (integrations/moe.py): a custom op
+# running one torch.mm per expert group, so any dtype works; the (S, K) x (E, K, N) matmul formula counts its
+# FLOPs. aten._grouped_mm is not listed: its kernels need 16-byte-aligned strides, which FP16 halves.
+_op("grouped_matmul", ALLOW, [], ["grouped_mm_fallback", "grouped_mm_fallback_backward"], flops="matmul",
+    tensor_core=True, note="a GEMM per expert group (transformers' MoE grouped_mm_fallback)")
 _op("rnn", ALLOW, ["LSTM", "GRU", "RNN"], ["lstm", "gru", "rnn_tanh", "rnn_relu"], flops="rnn", tensor_core=True,
     note="cuDNN RNN cells run their GEMMs on tensor cores")
 
@@ -168,6 +173,7 @@ _SCATTER_REDUCE = (("reduction", ("add", "mul", "max", "min"),
 _op("scatter_nd", CLEAR, ["ScatterND"], ["index_put", "_unsafe_index_put"], deny_attrs=_SCATTER_REDUCE)
 _op("scatter_elements", CLEAR, ["ScatterElements"], ["scatter", "scatter_add", "scatter_reduce"],
     deny_attrs=_SCATTER_REDUCE)
+_op("sort", CLEAR, [], ["sort", "argsort"], note="reorders values (as TopK)")
 _op("cast", CLEAR, ["Cast", "CastLike"], ["_to_copy", "to", "convert_element_type"], dtype_attrs=("to",),
     note="existing casts are retargeted or removed by the casts pass")
 _op("constant", CLEAR, ["Constant"], ["scalar_tensor", "full", "zeros", "ones"], dtype_attrs=("value",))
@@ -199,6 +205,8 @@ for _name, _aten in (("ReduceSum", "sum"), ("ReduceProd", "prod"), ("ReduceL1", 
 # Numerics rule 8 still keeps a mean -> add eps -> root chain FP32 (docs/architecture.md, "Numerics").
 _op("reduce_mean", INFER, ["ReduceMean"], ["mean"], flops="reduction", accumulates_fp32=True,
     note="a mean stays within its inputs' range; kernels accumulate FP16 in FP32 (autocast runs it in FP16)")
+_op("histc", DENY, [], ["histc"], flops="reduction",
+    note="bin counts are written in the input's dtype: FP16 counts are exact only up to 2048")
 _op("var_mean", DENY, [], ["var_mean", "var", "std"], flops="reduction", note="reduction accumulates in the op's dtype")
 _many(DENY, "CumSum/cumsum CumProd/cumprod", flops="reduction", note="scan accumulates in the op's dtype")
 _many(DENY, "SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss/nll_loss_forward,nll_loss", flops="reduction",

@@ -228,3 +228,24 @@ def test_batch_unlike_the_example_is_a_clear_error_before_any_state_changes():
             step(*bad)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert not step.optimizer.state and step.scale == 2.0 ** 16
+
+
+class _TraceablePath(torch.nn.Module):
+    """Takes a different path outside a compiler, as libraries do (transformers' MoE experts): a
+    host read of a value, which a trace on fake tensors cannot make."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            x = x * float(x.abs().max() > 0)
+        return self.lin(x)
+
+
+def test_the_step_is_traced_under_the_compiling_flag_as_torch_compile_traces():
+    model = _TraceablePath()
+    step = _fp32_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert torch.isfinite(step(*_batch()))
+    assert not torch.compiler.is_compiling()
