@@ -86,8 +86,9 @@ def state_layout(states: list[dict[str, Any]]) -> StateLayout:
 
 
 @contextlib.contextmanager
-def _compiling():
-    """``torch.compiler.is_compiling()`` is True: optimizers keep step counts as tensors."""
+def compiling():
+    """``torch.compiler.is_compiling()`` is True, as under torch.compile and torch.export: optimizers keep
+    step counts as tensors, and libraries take their traceable paths (train_capture traces the model so)."""
     import torch.compiler as tc
     old = getattr(tc, "_is_compiling_flag", False)
     tc._is_compiling_flag = True
@@ -119,7 +120,7 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
         work = [p.clone() for p in ps]
         for w, g in zip(work, gs):
             w.grad = g
-        with _swapped(optimizer, work, cur, lrs, group_sizes), _compiling():
+        with _swapped(optimizer, work, cur, lrs, group_sizes), compiling():
             optimizer.step()
             new_states = [dict(optimizer.state[w]) for w in work]
         layout = state_layout(new_states)

@@ -101,7 +101,23 @@ _op("attention", ALLOW, ["Attention", MS + "Attention", MS + "MultiHeadAttention
      "_scaled_dot_product_attention_math", "_efficient_attention_forward", "_flash_attention_forward",
      "_cudnn_attention_forward", "_native_multi_head_attention"],
     flops="attention", tensor_core=True, note="attention kernels accumulate in FP32")
+# the fused kernels' backward (a training step): grad_out, q, k, v, [attn_bias,] out, logsumexp, ...
+_op("attention_backward", ALLOW, [], ["_scaled_dot_product_flash_attention_backward",
+                                      "_scaled_dot_product_flash_attention_for_cpu_backward",
+                                      "_scaled_dot_product_cudnn_attention_backward",
+                                      "_scaled_dot_product_fused_attention_overrideable_backward",
+                                      "_flash_attention_backward"],
+    flops="attention", tensor_core=True, fp32_inputs=(5,),
+    note="attention gradients: tensor-core GEMMs accumulating in FP32; logsumexp (input 5) stays FP32")
+_op("efficient_attention_backward", ALLOW, [], ["_scaled_dot_product_efficient_attention_backward"],
+    flops="attention", tensor_core=True, fp32_inputs=(6,),
+    note="attention gradients: tensor-core GEMMs accumulating in FP32; logsumexp (input 6) stays FP32")
 _op("gemm_fast_gelu", ALLOW, [MS + "GemmFastGelu"], flops="matmul", tensor_core=True)
+# transformers' MoE experts under torch.compile/export with FP32 weights (integrations/moe.py): a custom op
+# running one torch.mm per expert group, so any dtype works; the (S, K) x (E, K, N) matmul formula counts its
+# FLOPs. aten._grouped_mm is not listed: its kernels need 16-byte-aligned strides, which FP16 halves.
+_op("grouped_matmul", ALLOW, [], ["grouped_mm_fallback", "grouped_mm_fallback_backward"], flops="matmul",
+    tensor_core=True, note="a GEMM per expert group (transformers' MoE grouped_mm_fallback)")
 _op("rnn", ALLOW, ["LSTM", "GRU", "RNN"], ["lstm", "gru", "rnn_tanh", "rnn_relu"], flops="rnn", tensor_core=True,
     note="cuDNN RNN cells run their GEMMs on tensor cores")
 
@@ -119,7 +135,7 @@ _op("gelu", INFER, ["Gelu", MS + "Gelu", MS + "FastGelu", MS + "BiasGelu", MS + 
 _op("softplus", INFER, ["Softplus"], ["softplus"], flops_per_element=4,
     note="computed as max(x,0)+log1p(exp(-|x|)), bounded")
 _op("bias_add", INFER, [MS + "BiasAdd", MS + "BiasSplitGelu", MS + "BiasDropout"])
-_op("softmax", INFER, ["Softmax", MS + "BiasSoftmax"], ["_softmax", "softmax"], flops="softmax", accumulates_fp32=True,
+_op("softmax", INFER, ["Softmax", MS + "BiasSoftmax"], ["_softmax", "softmax", "_safe_softmax"], flops="softmax", accumulates_fp32=True,
     note="kernel computes max, exp and sum in FP32")
 _op("log_softmax", INFER, ["LogSoftmax"], ["_log_softmax", "log_softmax"], flops="softmax", accumulates_fp32=True,
     note="kernel computes max, exp and sum in FP32")
@@ -168,6 +184,7 @@ _SCATTER_REDUCE = (("reduction", ("add", "mul", "max", "min"),
 _op("scatter_nd", CLEAR, ["ScatterND"], ["index_put", "_unsafe_index_put"], deny_attrs=_SCATTER_REDUCE)
 _op("scatter_elements", CLEAR, ["ScatterElements"], ["scatter", "scatter_add", "scatter_reduce"],
     deny_attrs=_SCATTER_REDUCE)
+_op("sort", CLEAR, [], ["sort", "argsort"], note="reorders values (as TopK)")
 _op("cast", CLEAR, ["Cast", "CastLike"], ["_to_copy", "to", "convert_element_type"], dtype_attrs=("to",),
     note="existing casts are retargeted or removed by the casts pass")
 _op("constant", CLEAR, ["Constant"], ["scalar_tensor", "full", "zeros", "ones"], dtype_attrs=("value",))
@@ -199,6 +216,8 @@ for _name, _aten in (("ReduceSum", "sum"), ("ReduceProd", "prod"), ("ReduceL1", 
 # Numerics rule 8 still keeps a mean -> add eps -> root chain FP32 (docs/architecture.md, "Numerics").
 _op("reduce_mean", INFER, ["ReduceMean"], ["mean"], flops="reduction", accumulates_fp32=True,
     note="a mean stays within its inputs' range; kernels accumulate FP16 in FP32 (autocast runs it in FP16)")
+_op("histc", DENY, [], ["histc"], flops="reduction",
+    note="bin counts are written in the input's dtype: FP16 counts are exact only up to 2048")
 _op("var_mean", DENY, [], ["var_mean", "var", "std"], flops="reduction", note="reduction accumulates in the op's dtype")
 _many(DENY, "CumSum/cumsum CumProd/cumprod", flops="reduction", note="scan accumulates in the op's dtype")
 _many(DENY, "SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss/nll_loss_forward,nll_loss", flops="reduction",
@@ -243,6 +262,8 @@ _op("pool_backward", INFER, [], ["avg_pool2d_backward", "_adaptive_avg_pool2d_ba
 _op("embedding_backward", DENY, [], ["embedding_dense_backward"], flops="reduction",
     note="scatter-adds rows of the gradient: accumulates in the op's dtype")
 _op("stack", CLEAR, [], ["stack"])
+_op("view_backward", CLEAR, [], ["slice_backward", "select_backward"],
+    note="writes the gradient of a slice into zeros: data movement")
 _op("logical", CLEAR, ["And", "Or", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift"],
     ["any", "all", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
      "bitwise_not"], flops="none", note="boolean and integer logic: no float data")

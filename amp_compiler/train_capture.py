@@ -125,7 +125,10 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                *fopt.lr_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
     example = [t.detach() for t in example]
     try:
-        return make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
+        # under the compiling flag, as torch.compile and torch.export trace: models take their traceable
+        # paths (transformers' MoE experts call a custom op, not grouped_mm, whose meta kernel wants BF16)
+        with fopt.compiling():
+            return make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
     except ConversionError:
         raise
     except Exception as exc:  # tracing errors name the construct in their message

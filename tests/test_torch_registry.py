@@ -46,7 +46,10 @@ def test_aten_only_range_ops_are_deny_so_deny_propagation_starts_there(aten):
                                   "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                                   "_scaled_dot_product_flash_attention_for_cpu",
                                   "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                                  "_efficient_attention_forward", "_cudnn_attention_forward"])
+                                  "_efficient_attention_forward", "_cudnn_attention_forward",
+                                  "grouped_mm_fallback", "grouped_mm_fallback_backward",
+                                  "_scaled_dot_product_flash_attention_for_cpu_backward",
+                                  "_scaled_dot_product_efficient_attention_backward"])
 def test_tensor_core_aten_ops_are_known_allow(aten):
     row = DEFAULT_REGISTRY.lookup_aten(aten)
     assert row is not None and row.op_class == ALLOW and row.tensor_core

@@ -228,3 +228,51 @@ def test_batch_unlike_the_example_is_a_clear_error_before_any_state_changes():
             step(*bad)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert not step.optimizer.state and step.scale == 2.0 ** 16
+
+
+class _TraceablePath(torch.nn.Module):
+    """Takes a different path outside a compiler, as libraries do (transformers' MoE experts): a
+    host read of a value, which a trace on fake tensors cannot make."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            x = x * float(x.abs().max() > 0)
+        return self.lin(x)
+
+
+def test_the_step_is_traced_under_the_compiling_flag_as_torch_compile_traces():
+    model = _TraceablePath()
+    step = _fp32_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert torch.isfinite(step(*_batch()))
+    assert not torch.compiler.is_compiling()
+
+
+class _Attention(torch.nn.Module):
+    """SDPA on sliced projections: the fused kernel's backward (no dropout) or the math decomposition with
+    ``_safe_softmax`` (dropout), and ``slice_backward``, in the traced step."""
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.qkv, self.out, self.dropout = torch.nn.Linear(16, 48), torch.nn.Linear(16, 4), dropout
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(8, 1, 8, 48)[..., :16], self.qkv(x).view(8, 1, 8, 48)[..., 16:32], \
+            self.qkv(x).view(8, 1, 8, 48)[..., 32:]
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(a.reshape(64, 16))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_attention_and_its_backward_are_known_tensor_core_ops_in_the_step(dropout):
+    model = _Attention(dropout).train()
+    step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), _batch(),
+                            planner="greedy")
+    assert not step.report.summary.get("unknown_ops")
+    if not dropout:
+        backward = [op for op in step.report.to_dict()["ops"] if op["op_type"].endswith("attention_for_cpu_backward.default")]
+        assert backward and all(op["class"] == "allow" and op["precision"] == "float16" for op in backward)
+    assert torch.isfinite(step(*_batch()))
