@@ -15,7 +15,7 @@ with ``keep_grads``, the unscaled gradients (updating variant).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -60,9 +60,20 @@ class Setup:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
 
 
+@dataclass
+class Traced:
+    """A traced step; a symbolic one also says which calls it takes and names its batch symbols."""
+
+    gm: torch.fx.GraphModule
+    accepts: Callable[[list[torch.Tensor]], bool] | None = None  # flat inputs -> the graph takes them
+    symbols: dict[tuple[int, int], str] = field(default_factory=dict)  # (batch item, dim) -> symbol
+
+
 def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], scale: torch.Tensor,
-                  tracker: torch.Tensor, acc: list[torch.Tensor], batch: tuple) -> torch.fx.GraphModule:
-    """Trace one variant of the step with ``make_fx`` (fake tensors: nothing runs, nothing changes)."""
+                  tracker: torch.Tensor, acc: list[torch.Tensor], batch: tuple,
+                  dynamic: Mapping[int, frozenset[int]] | None = None) -> Traced:
+    """Trace one variant of the step with ``make_fx`` (fake tensors: nothing runs, nothing changes);
+    ``dynamic`` (batch item -> dims) traces those batch dims symbolic, everything else static."""
     params, buffers = setup.tensors()
     trainable = [params[n] for n in setup.trainable]
     n_p, n_f, n_b = len(setup.trainable), len(setup.frozen), len(setup.buffers)
@@ -128,7 +139,9 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable
         # paths (transformers' MoE experts call a custom op, not grouped_mm, whose meta kernel wants BF16)
         with fopt.compiling():
-            return make_fx(step, tracing_mode="fake")(*example)  # one fake mode for every node's meta
+            if dynamic:
+                return _trace_symbolic(step, example, len(batch), dynamic)
+            return Traced(make_fx(step, tracing_mode="fake")(*example))  # one fake mode for every node's meta
     except ConversionError:
         raise
     except Exception as exc:  # tracing errors name the construct in their message
@@ -137,12 +150,46 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                               f"{str(exc).splitlines()[0] if str(exc) else repr(exc)}") from None
 
 
+def _trace_symbolic(step: Callable, example: list[torch.Tensor], n_batch: int,
+                    dynamic: Mapping[int, frozenset[int]]) -> Traced:
+    """``make_fx`` on fake inputs whose ``dynamic`` batch dims are symbols (a size-1 dim stays 1, as
+    everywhere in torch). The graph takes a call whose static batch dims match the example's and
+    whose sizes pass the shape environment's guards (docs/architecture.md, "Training")."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode, first = FakeTensorMode(shape_env=ShapeEnv()), len(example) - n_batch
+    fakes = []
+    for i, t in enumerate(example):
+        dims = dynamic.get(i - first, frozenset()) if i >= first else frozenset()
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+        fakes.append(mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    with mode, enable_python_dispatcher():
+        gm = make_fx(step, tracing_mode="real")(*fakes)
+    shape_env = mode.shape_env
+    code = shape_env.produce_guards_expression(fakes)
+    static = [tuple(n if not isinstance(n, torch.SymInt) else None for n in f.shape) for f in fakes[first:]]
+    symbols = {(j, d): str(n.node.expr) for j, f in enumerate(fakes[first:]) for d, n in enumerate(f.shape)
+               if isinstance(n, torch.SymInt) and n.node.expr.is_Symbol}
+
+    def accepts(flat: list[torch.Tensor]) -> bool:
+        for want, t in zip(static, flat[first:]):
+            if t.dim() != len(want) or any(w is not None and w != n for w, n in zip(want, t.shape)):
+                return False
+        return code is None or bool(shape_env.evaluate_guards_expression(code, flat))
+
+    return Traced(gm, accepts, symbols)
+
+
 def _state_names(layout: fopt.StateLayout) -> list[tuple[int, str]]:
     return [(i, k) for i, keys in enumerate(layout.keys) for k in keys]
 
 
-def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_options: dict[str, Any]):
-    """Import the traced step into the IR, run the shared passes, rewrite ``gm`` in place."""
+def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_options: dict[str, Any],
+                 size_hints: Mapping[str, int] | None = None):
+    """Import the traced step into the IR, run the shared passes, rewrite ``gm`` in place; a symbolic
+    step's dims are sized by ``size_hints`` (symbol -> size)."""
     from .dtypes import normalize_low_dtype
     from .fx_io.emitter import emit
     from .fx_io.importer import WeightSpec, import_graph_module
@@ -156,7 +203,7 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     params, _ = setup.tensors()
     weights = {placeholders[i].name: WeightSpec(name, True, i, params[name])
                for i, name in enumerate(setup.trainable + setup.frozen)}
-    imp = import_graph_module(gm, source=source, training=True, weights=weights)
+    imp = import_graph_module(gm, source=source, training=True, weights=weights, size_hints=size_hints)
     for op in imp.graph.ops.values():
         if op.canonical == "unscale_marker":
             for out in op.outputs:

@@ -22,6 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
+from .fx_io.plans import varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 
 
@@ -32,6 +33,12 @@ class _Capture:
     graph_module: torch.fx.GraphModule
     report: Any
     report_nodes: dict[str, str]
+    accepts: Callable[[list[torch.Tensor]], bool] | None = None  # a symbolic capture: the calls it takes
+
+
+def _family(key: tuple) -> tuple:
+    """A capture key with its batch shapes reduced to ranks: the keys one symbolic capture may serve."""
+    return (*key[:2], tuple((len(shape), dtype) for shape, dtype in key[2]), *key[3:])
 
 
 class TrainStep:
@@ -51,6 +58,7 @@ class TrainStep:
         self._acc: list[torch.Tensor] = []
         self._micro = 0  # micro-batches accumulated since the last update
         self._captures: dict[tuple, _Capture] = {}
+        self._taken: dict[tuple, _Capture] = {}  # keys a symbolic capture took (not captures of their own)
         self._warned_fp32 = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
@@ -131,11 +139,20 @@ class TrainStep:
                fopt.state_layout(states).signature() if update else None,
                fopt.hyper_key(self.optimizer) if update else None, self.model.training,
                tuple(n for n, p in self._params.items() if p.requires_grad))
-        cap = self._captures.get(key)
+        cap = self._captures.get(key) or self._taken.get(key) or self._symbolic_taking(key, batch)
         if cap is None:
             cap = self._capture(key, Variant(update, has_acc, len(batch)), states, batch)
         self.report, self.graph_module, self.report_nodes = cap.report, cap.graph_module, cap.report_nodes
         return cap
+
+    def _symbolic_taking(self, key: tuple, batch: tuple) -> _Capture | None:
+        """A symbolic capture of the key's family whose guards take the batch (remembered for the key)."""
+        family = _family(key)
+        for k, cap in self._captures.items():
+            if cap.accepts is not None and _family(k) == family and cap.accepts(self._flat_inputs(batch, cap.variant)):
+                self._taken[key] = cap
+                return cap
+        return None
 
     def _capture(self, key: tuple, variant: Variant, states, batch) -> _Capture:
         if key[-1] != tuple(self.setup.trainable_order):
@@ -145,16 +162,27 @@ class TrainStep:
             raise ConversionError("compile_training", f"batch shapes {[tuple(t.shape) for t in batch]}",
                                   f"would be capture {len(self._captures) + 1} of at most max_captures="
                                   f"{self.max_captures}: pad or bucket the shapes, or raise max_captures")
+        family = _family(key)
+        seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family]
+        shapes = tuple(tuple(t.shape) for t in batch)
+        dynamic = varying_dims(seen, shapes)  # dims that took another size: traced symbolic
         if self._captures and all(k[2] != key[2] for k in self._captures):  # a new batch shape
+            symbolic = (f"; batch dims {sorted((i, d) for i, dims in dynamic.items() for d in dims)} traced "
+                        f"symbolic, so later sizes reuse it") if dynamic else ""
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
                           f"(batch shapes {[tuple(t.shape) for t in batch]}, "
-                          f"{'update' if variant.update else 'accumulate'})", stacklevel=4)
-        gm = trace_variant(self.setup, variant, states, self._scale, self._tracker,
-                           [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable]
-                           if variant.has_acc else [], batch)
-        report, nodes = plan_variant(self.setup, gm, variant, self.plan_options)
-        runner = torch.compile(views_as_reshapes(gm), backend="inductor") if self.backend == "inductor" else gm
-        cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes)
+                          f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
+        traced = trace_variant(self.setup, variant, states, self._scale, self._tracker,
+                               [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable]
+                               if variant.has_acc else [], batch, dynamic)
+        gm = traced.gm
+        # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
+        hints = {sym: max(s[i][d] for s in (*seen, shapes)) for (i, d), sym in traced.symbols.items()}
+        report, nodes = plan_variant(self.setup, gm, variant, self.plan_options, hints)
+        runner = gm
+        if self.backend == "inductor":
+            runner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(traced.symbols) or None)
+        cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
 
@@ -248,8 +276,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
     each call is a micro-batch of the loss divided by N, the N-th call updates.
     ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``); ``keep_grads`` writes
-    them to ``p.grad``. Batch shapes may change: each new shape is one more capture, at most
-    ``max_captures``. ``step.report`` is the per-op report of the last graph run.
+    them to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
+    and that capture serves its later sizes; captures are at most ``max_captures``. ``step.report`` is the per-op report of the last graph run.
     """
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")

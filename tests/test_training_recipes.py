@@ -132,10 +132,58 @@ def test_changing_batch_shapes_share_parameters_and_state_and_are_bounded():
             _eager_step(eager, opt_e, xb, yb)
             step(xb, yb)
     _close(eager, captured)
-    # the first step creates the optimizer state; then one steady variant per shape
+    # the first step creates the optimizer state; then the steady variant at 36, and at 64 again a
+    # variant whose batch dim is symbolic: it takes every later batch size
     assert [c["batch_shapes"][0] for c in step.captures] == [(64, 16), (36, 16), (64, 16)]
+    for n in (10, 50, 64, 23):
+        _eager_step(eager, opt_e, x[:n], y[:n])
+        step(x[:n], y[:n])
+    _close(eager, captured)
+    assert len(step.captures) == 3
+    captured.eval()  # a new kind of variant, not a new size: the bound holds
     with pytest.raises(ConversionError, match="would be capture 4 of at most max_captures=3"):
         step(x[:10], y[:10])
+
+
+class _TokenModel(torch.nn.Module):
+    def __init__(self, vocab: int = 50, d: int = 32) -> None:
+        super().__init__()
+        self.embed, self.mix, self.head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, d), torch.nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(torch.relu(self.mix(h)) + h)
+
+
+def _token_loss(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def test_padding_to_the_longest_sequence_of_each_batch_shares_one_symbolic_capture():
+    """transformers' padding collators give every batch its own length: past the first steps one
+    symbolic capture takes them all (more lengths than max_captures), and training matches eager."""
+    torch.manual_seed(0)
+    eager = _TokenModel()
+    captured = _TokenModel()
+    captured.load_state_dict(eager.state_dict())
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(2)
+    lengths = [16, 20, 24, 31, 17, 40, 22, 33, 27, 19, 45]  # 11 lengths, max_captures 8
+    batches = [torch.randint(0, 50, (4, n), generator=g) for n in lengths]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(captured, _token_loss, opt_c, (batches[0], batches[0]))
+    with pytest.warns(UserWarning, match=r"variant 3 \(batch shapes \[\(4, 24\), \(4, 24\)\], update; batch dims "
+                                          r"\[\(0, 1\), \(1, 1\)\] traced symbolic, so later sizes reuse it\)"):
+        for ids in batches:
+            opt_e.zero_grad()
+            _token_loss(eager(ids), ids).backward()
+            opt_e.step()
+            step(ids, ids)
+    _close(eager, captured, rtol=1e-4, atol=1e-5)
+    assert len(step.captures) == 3  # the first step (state created), one steady length, then the symbolic one
+    assert step.report.summary["dim_values"]  # the symbolic variant ran last
 
 
 def test_a_step_planned_entirely_fp32_says_so_once():
