@@ -113,7 +113,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
             progress("calibrate activation ranges on ONNX Runtime")
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
-        drawn = _calibrate(model, imp.graph, calibration_inputs)
+        drawn = _calibrate(model, imp.graph, calibration_inputs, dim_values)
     result = run_passes(imp.graph, ctx, source, dim_values)
     if progress:
         progress("emit")
@@ -135,7 +135,7 @@ def _custom_rows(table) -> list:
     return custom_ops_from_dict(table) if isinstance(table, dict) else load_custom_ops(str(table))
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None) -> dict[str, str]:
+def _calibrate(model: ModelProto, graph, feeds: dict | None, dims: dict[str, int] | None) -> dict[str, str]:
     """Record each activation's calibrated peak (the numerics pass judges it for the target dtype);
     returns how default inputs were drawn ({} when the caller gave them)."""
     from .calibrate import activation_ranges
@@ -143,7 +143,7 @@ def _calibrate(model: ModelProto, graph, feeds: dict | None) -> dict[str, str]:
 
     drawn: dict[str, str] = {}
     if feeds is None:
-        feeds, drawn = model_inputs(model)
+        feeds, drawn = model_inputs(model, dims=dims)
     ranges = activation_ranges(model, graph, feeds)
     for name, peak in ranges.items():
         if name in graph.tensors:
