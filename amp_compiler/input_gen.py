@@ -27,7 +27,7 @@ from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
 
-__all__ = ["graph_input_specs", "model_inputs"]
+__all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
@@ -67,17 +67,15 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
 
 def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None):
     """(name, shape, numpy dtype) of each graph input that is not an initializer; a symbolic
-    dim takes its size in ``dims`` (by name), else ``default_dim``, else (a waveform's
-    samples) one second of audio. ``ConversionError`` for a dtype no data can be made for."""
+    dim takes its size in ``dims`` (by name), else a waveform's samples one second of audio
+    (``waveform_dims``), else ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
-    dims = dims or {}
+    dims = {**waveform_dims(model), **(dims or {})}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
         tt = inp.type.tensor_type
-        unsized = _WAVEFORM_SAMPLES if _is_waveform(inp.name, tt) else default_dim
-        shape = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, unsized if axis else default_dim)
-                 for axis, d in enumerate(tt.shape.dim)]
+        shape = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, default_dim) for d in tt.shape.dim]
         dtype = _NP.get(tt.elem_type)
         if dtype is None:
             raise ConversionError("", f"graph input {inp.name!r}",
@@ -86,9 +84,18 @@ def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, i
         yield inp.name, shape, dtype
 
 
-def _is_waveform(name: str, tensor_type) -> bool:
-    return (tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
-            and len(tensor_type.shape.dim) == 2 and any(key in name.lower() for key in _WAVEFORM))
+def waveform_dims(model: ModelProto) -> dict[str, int]:
+    """The samples dim of each raw waveform input (rank-2 float ``input_values``/``audio*``/``wav*``,
+    symbolic): one second at 16 kHz. Sized like a batch or a sequence (2 for validation, 8 for the
+    plan) a speech encoder's convolutions leave nothing: HuBERT's frames came out empty."""
+    found = {}
+    for inp in model.graph.input:
+        tt = inp.type.tensor_type
+        if (tt.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+                and len(tt.shape.dim) == 2 and any(key in inp.name.lower() for key in _WAVEFORM)
+                and tt.shape.dim[1].dim_param):
+            found[tt.shape.dim[1].dim_param] = _WAVEFORM_SAMPLES
+    return found
 
 
 def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,

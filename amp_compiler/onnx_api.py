@@ -15,6 +15,7 @@ from passes.user_rules import UserRules
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .errors import ConversionError
 from .gcpause import gc_paused
+from .input_gen import waveform_dims
 from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
@@ -114,7 +115,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
         drawn = _calibrate(model, imp.graph, calibration_inputs, dim_values)
-    result = run_passes(imp.graph, ctx, source, dim_values)
+    # a waveform's samples are sized as one second of audio unless --dim says otherwise ("Input handling")
+    result = run_passes(imp.graph, ctx, source, {**waveform_dims(model), **(dim_values or {})} or None)
     if progress:
         progress("emit")
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)

@@ -118,8 +118,11 @@ def test_validation_draws_symbolic_dims_at_their_dim_size(tmp_path, capsys):
     assert main([str(src), "-o", str(dst), "--calibrate", "--dim", "batch=1", "-q"]) == 0
 
 
-def test_a_waveform_is_drawn_one_second_long():
-    """Two samples are shorter than any speech encoder's first convolution."""
+def test_a_waveform_is_drawn_and_planned_one_second_long():
+    """Two samples (validation) or eight (the plan's default dim) are shorter than any speech
+    encoder's first convolution: HuBERT's frames came out empty, the plan priced on nothing."""
+    from amp_compiler.onnx_api import convert_onnx
+
     nodes = [helper.make_node("Unsqueeze", ["input_values", "axes"], ["x"], name="channel"),
              helper.make_node("Conv", ["x", "K"], ["y"], name="feature_conv", strides=[5])]
     inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [1]), weight("K", 8, 1, 10)]
@@ -127,3 +130,6 @@ def test_a_waveform_is_drawn_one_second_long():
     feeds, how = model_inputs(m)
     assert feeds["input_values"].shape == (2, 16000) and how["input_values"] == "audio in [-1, 1]"
     assert model_inputs(m, dims={"samples": 400, "batch": 1})[0]["input_values"].shape == (1, 400)
+    summary = convert_onnx(m)[1].summary
+    assert summary["dim_values"] == {"samples": 16000} and summary["gemm_flops"] > 1e6
+    assert convert_onnx(m, dim_values={"samples": 800})[1].summary["dim_values"] == {"samples": 800}
