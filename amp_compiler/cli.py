@@ -341,7 +341,8 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
     report.data["validation"] = result
     for row in [] if args.quiet else result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
-              f"max rel error {row['max_rel_error']:.3g}", file=sys.stderr)
+              f"max rel error {row['max_rel_error']:.3g}" + (f"; {row['note']}" if "note" in row else ""),
+              file=sys.stderr)
     if not result["passed"]:
         print(f"amp-compile: validation failed: max rel error {result['max_rel_error']:.3g} > "
               f"tolerance {args.tolerance}; no model written", file=sys.stderr)

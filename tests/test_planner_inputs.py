@@ -136,3 +136,20 @@ def test_a_waveform_is_drawn_and_planned_one_second_long():
     summary = convert_onnx(m)[1].summary
     assert summary["dim_values"] == {"samples": 16000} and summary["gemm_flops"] > 1e6
     assert convert_onnx(m, dim_values={"samples": 800})[1].summary["dim_values"] == {"samples": 800}
+
+
+def test_a_constant_fp32_output_is_said_to_test_nothing(tmp_path, capsys):
+    """A zero-initialised head (transformers' MobileViT from a config) outputs zeros whatever the
+    plan: "max rel error 0, PASSED" must not read as evidence."""
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["pixel_values", "W"], ["h"], name="body"),
+             helper.make_node("MatMul", ["h", "Z"], ["logits"], name="head")]
+    inits = [weight("W", 8, 8), numpy_helper.from_array(np.zeros((8, 4), np.float32), "Z")]
+    src, out, html = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.html"
+    src.write_bytes(model(nodes, [fin("pixel_values", 2, 8)], [fin("logits", 2, 4)], inits).SerializeToString())
+    assert main([str(src), "-o", str(out), "--validate", "--report", str(html)]) == 0
+    captured = capsys.readouterr()
+    assert "logits: max abs error 0, max rel error 0; the FP32 output is 0 everywhere" in captured.err
+    assert "logits: the FP32 output is 0 everywhere: this comparison tests nothing" in captured.out
+    assert "the FP32 output is 0 everywhere" in html.read_text()
