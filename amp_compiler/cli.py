@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except ConversionError as exc:
-        return _fail(args, f"amp-compile: error: {exc}", 2)
+        return _fail(args, f"amp-compile: error: {exc}{_drawn_inputs_hint(args, exc)}", 2)
     except OSError as exc:  # I/O the file helpers do not wrap (writing a report, ...)
         where = exc.filename or args.input
         return _fail(args, f"amp-compile: error: {where}: {exc.strerror or exc}", 2)
@@ -308,8 +308,20 @@ def _feeds(args, model) -> dict:
     if args.inputs:
         args.inputs_drawn = {"*": f"read from {args.inputs}"}
         return load_inputs(args.inputs, model)
-    feeds, args.inputs_drawn = model_inputs(model)
+    feeds, args.inputs_drawn = model_inputs(model, dims=_parse_dims(args.dim))
+    args.drawn_shapes = {name: list(value.shape) for name, value in feeds.items()}
     return feeds
+
+
+def _drawn_inputs_hint(args, exc: ConversionError) -> str:
+    """When the FP32 model itself fails on inputs we drew, the sizes we guessed for its symbolic
+    dims are the likely cause (an export specialised to batch 1, a waveform too short): say them."""
+    shapes = getattr(args, "drawn_shapes", None)
+    if not shapes or "FP32 model" not in exc.source:
+        return ""
+    drawn = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+    return (f" (on inputs drawn as {drawn}: size the symbolic dims with --dim NAME=SIZE, "
+            "or pass --inputs FILE.npz)")
 
 
 def _runner(args):
@@ -329,7 +341,8 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
     report.data["validation"] = result
     for row in [] if args.quiet else result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
-              f"max rel error {row['max_rel_error']:.3g}", file=sys.stderr)
+              f"max rel error {row['max_rel_error']:.3g}" + (f"; {row['note']}" if "note" in row else ""),
+              file=sys.stderr)
     if not result["passed"]:
         print(f"amp-compile: validation failed: max rel error {result['max_rel_error']:.3g} > "
               f"tolerance {args.tolerance}; no model written", file=sys.stderr)

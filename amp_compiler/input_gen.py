@@ -13,6 +13,10 @@ called (``docs/architecture.md``, "Validation inputs"):
   normalised log-mel features) in [-1, 1];
 * other floats N(0, 1), other integers in {0, 1}.
 
+Symbolic dims take their ``--dim`` size (``dims``), else ``default_dim``, except the samples
+of a raw waveform (a rank-2 audio input): one second at 16 kHz, as a few samples are shorter
+than the first convolution of any speech encoder.
+
 ``model_inputs`` returns the feeds and, per input, how it was drawn (the report carries it).
 """
 
@@ -23,7 +27,7 @@ from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
 
-__all__ = ["graph_input_specs", "model_inputs"]
+__all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
@@ -31,6 +35,8 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorPro
        TensorProto.INT16: np.int16}
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _AUDIO = ("audio", "input_values", "wav", "input_features")
+_WAVEFORM = ("audio", "input_values", "wav")
+_WAVEFORM_SAMPLES = 16000  # one second at 16 kHz, the rate speech encoders are trained on
 
 
 def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
@@ -59,15 +65,17 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
     return found
 
 
-def graph_input_specs(model: ModelProto, default_dim: int = 2):
-    """(name, shape, numpy dtype) of each graph input that is not an initializer; symbolic
-    dims take ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
+def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None):
+    """(name, shape, numpy dtype) of each graph input that is not an initializer; a symbolic
+    dim takes its size in ``dims`` (by name), else a waveform's samples one second of audio
+    (``waveform_dims``), else ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
+    dims = {**waveform_dims(model), **(dims or {})}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
         tt = inp.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else default_dim for d in tt.shape.dim]
+        shape = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, default_dim) for d in tt.shape.dim]
         dtype = _NP.get(tt.elem_type)
         if dtype is None:
             raise ConversionError("", f"graph input {inp.name!r}",
@@ -76,13 +84,28 @@ def graph_input_specs(model: ModelProto, default_dim: int = 2):
         yield inp.name, shape, dtype
 
 
-def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2) -> tuple[dict[str, np.ndarray],
-                                                                                     dict[str, str]]:
-    """Feeds for the model's graph inputs and how each was drawn (see module docstring)."""
+def waveform_dims(model: ModelProto) -> dict[str, int]:
+    """The samples dim of each raw waveform input (rank-2 float ``input_values``/``audio*``/``wav*``,
+    symbolic): one second at 16 kHz. Sized like a batch or a sequence (2 for validation, 8 for the
+    plan) a speech encoder's convolutions leave nothing: HuBERT's frames came out empty."""
+    found = {}
+    for inp in model.graph.input:
+        tt = inp.type.tensor_type
+        if (tt.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+                and len(tt.shape.dim) == 2 and any(key in inp.name.lower() for key in _WAVEFORM)
+                and tt.shape.dim[1].dim_param):
+            found[tt.shape.dim[1].dim_param] = _WAVEFORM_SAMPLES
+    return found
+
+
+def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
+                 dims: dict[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Feeds for the model's graph inputs and how each was drawn (see module docstring);
+    ``dims`` sizes symbolic dims by name (``--dim``)."""
     rng = np.random.default_rng(seed)
     rows = _table_rows(model)
     feeds, how = {}, {}
-    for name, shape, dtype in graph_input_specs(model, default_dim):
+    for name, shape, dtype in graph_input_specs(model, default_dim, dims):
         feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
     return feeds, how
 

@@ -50,6 +50,7 @@ class ValueStats:
     zeros: int
     max_abs: float
     exponents: tuple[int, ...]  # nonzero finite values per float32 biased exponent
+    value: float | None = None  # the value of a one-element tensor (signed), else None
 
     @classmethod
     def of(cls, values: np.ndarray) -> "ValueStats":
@@ -77,7 +78,9 @@ class ValueStats:
         counts += grid.sum(axis=0) + grid.sum(axis=1)
         counts[0] -= zeros
         counts[255] = 0
-        return cls(int(bits_all.size), zeros, float(np.uint32(peak).view(np.float32)), tuple(int(c) for c in counts))
+        value = float(bits_all.view(np.float32)[0]) if bits_all.size == 1 else None
+        return cls(int(bits_all.size), zeros, float(np.uint32(peak).view(np.float32)), tuple(int(c) for c in counts),
+                   value)
 
     @classmethod
     def of_chunks(cls, chunks: Iterable[np.ndarray]) -> "ValueStats | None":

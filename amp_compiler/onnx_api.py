@@ -15,6 +15,7 @@ from passes.user_rules import UserRules
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .errors import ConversionError
 from .gcpause import gc_paused
+from .input_gen import waveform_dims
 from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
@@ -113,8 +114,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
             progress("calibrate activation ranges on ONNX Runtime")
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
-        drawn = _calibrate(model, imp.graph, calibration_inputs)
-    result = run_passes(imp.graph, ctx, source, dim_values)
+        drawn = _calibrate(model, imp.graph, calibration_inputs, dim_values)
+    # a waveform's samples are sized as one second of audio unless --dim says otherwise ("Input handling")
+    result = run_passes(imp.graph, ctx, source, {**waveform_dims(model), **(dim_values or {})} or None)
     if progress:
         progress("emit")
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
@@ -135,7 +137,7 @@ def _custom_rows(table) -> list:
     return custom_ops_from_dict(table) if isinstance(table, dict) else load_custom_ops(str(table))
 
 
-def _calibrate(model: ModelProto, graph, feeds: dict | None) -> dict[str, str]:
+def _calibrate(model: ModelProto, graph, feeds: dict | None, dims: dict[str, int] | None) -> dict[str, str]:
     """Record each activation's calibrated peak (the numerics pass judges it for the target dtype);
     returns how default inputs were drawn ({} when the caller gave them)."""
     from .calibrate import activation_ranges
@@ -143,7 +145,7 @@ def _calibrate(model: ModelProto, graph, feeds: dict | None) -> dict[str, str]:
 
     drawn: dict[str, str] = {}
     if feeds is None:
-        feeds, drawn = model_inputs(model)
+        feeds, drawn = model_inputs(model, dims=dims)
     ranges = activation_ranges(model, graph, feeds)
     for name, peak in ranges.items():
         if name in graph.tensors:

@@ -7,7 +7,8 @@ whatever its input and output dtypes; on the CUDA EP it also folds a leading ``C
 exactly the Pow and the Div, and a ``Cast`` between the Div and the scale Mul, into that kernel.
 
 ``rms_norms`` finds these groups on a graph. With ``rsqrt_form`` it also accepts the dynamo
-exporter's ``Sqrt -> Reciprocal -> Mul(x, r)`` tail (which ONNX Runtime leaves unfused): the ONNX
+exporter's ``Sqrt -> Reciprocal -> Mul(x, r)`` tail and the TorchScript exporter's
+``Sqrt -> Div(1, .) -> Mul(x, r)`` (which ONNX Runtime leaves unfused): the ONNX
 emitter rewrites exactly those into the Div form (``amp_compiler/onnx_io/rms_norm_form.py``),
 so a plan is priced as it will run, while a model priced as written (``analysis``) is not.
 See docs/architecture.md, "Runtime profiles".
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the cost model does not import the IR at run time (docs/architecture.md, "Cost model")
     from amp_compiler.ir import Op, PrecisionGraph
 
-__all__ = ["RmsNorm", "rms_norms"]
+__all__ = ["RmsNorm", "reciprocal_of", "rms_norms"]
 
 _CONST_KINDS = ("constant", "parameter")  # amp_compiler.ir.CONSTANT, PARAMETER
 
@@ -60,7 +61,7 @@ def _match(graph: PrecisionGraph, power: Op, rsqrt_form: bool) -> RmsNorm | None
     div = _sole_reader(graph, sqrt, "Div")
     if div is not None and div.inputs[:2] == [x, sqrt.outputs[0]]:
         norm = div
-    elif rsqrt_form and (recip := _sole_reader(graph, sqrt, "Reciprocal")) is not None:
+    elif rsqrt_form and (recip := _sole_reader(graph, sqrt, "Reciprocal") or _one_over(graph, sqrt)) is not None:
         norm = _sole_reader(graph, recip, "Mul")
         if norm is None or sorted(norm.inputs) != sorted([x, recip.outputs[0]]):
             return None
@@ -84,6 +85,20 @@ def _match(graph: PrecisionGraph, power: Op, rsqrt_form: bool) -> RmsNorm | None
     return RmsNorm(tuple(op.name for op in members), x, scale.name, recip.name if recip else None)
 
 
+def _one_over(graph: PrecisionGraph, sqrt: Op) -> Op | None:
+    """``Div(1, sqrt)``, the TorchScript exporter's ``torch.rsqrt`` tail (before ``Mul(x, r)``)."""
+    div = _sole_reader(graph, sqrt, "Div")
+    return div if div is not None and reciprocal_of(graph, div) == sqrt.outputs[0] else None
+
+
+def reciprocal_of(graph: PrecisionGraph, op: Op) -> str | None:
+    """What ``op`` takes the reciprocal of, when it is ``Div(1, d)``: ``d``; else None."""
+    if op.op_type != "Div" or len(op.inputs) != 2 or not all(op.inputs):
+        return None
+    stats = graph.tensors[op.inputs[0]].stats  # recorded for constants only
+    return op.inputs[1] if stats is not None and stats.value == 1.0 else None
+
+
 def _sole_reader(graph: PrecisionGraph, op: Op, op_type: str) -> Op | None:
     """``op``'s output's only reader, if it is a source op of ``op_type`` and the value is no graph output."""
     t = graph.tensors[op.outputs[0]]
@@ -101,9 +116,20 @@ def _reduces_last_axis(graph: PrecisionGraph, mean: Op) -> bool:
 
 
 def _scaled(graph: PrecisionGraph, scale: Op, normed: str) -> bool:
-    """The scale Mul multiplies the norm by a stored 1-D weight."""
+    """The scale Mul multiplies the norm by a stored (or constant-folded) 1-D weight."""
     others = [n for n in scale.inputs if n != normed]
     if len(others) != 1:
         return False
     w = graph.tensors[others[0]]
-    return w.kind in _CONST_KINDS and w.shape is not None and len(w.shape) == 1
+    return w.shape is not None and len(w.shape) == 1 and _constant(graph, w.name)
+
+
+def _constant(graph: PrecisionGraph, name: str) -> bool:
+    """A stored value, or one op of stored values (the TorchScript exporter leaves Gemma's
+    ``1 + weight`` as an Add): ONNX Runtime folds constants before it fuses."""
+    t = graph.tensors[name]
+    if t.kind in _CONST_KINDS or t.stats is not None:
+        return True
+    op = graph.ops[t.producer] if t.producer else None
+    return op is not None and bool(op.inputs) and all(
+        i and (graph.tensors[i].kind in _CONST_KINDS or graph.tensors[i].stats is not None) for i in op.inputs)

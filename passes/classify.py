@@ -26,18 +26,26 @@ Rewrite cases:
 8. An op whose schema (at the model's opset) does not accept the low dtype for its
    unit ports, or that the registry marks FP32-only (no runtime kernel), is marked
    ``forbid_low`` with that reason.
+9. A ReduceSum over at most ``SMALL_SUM`` elements of static extent (a mixture of experts'
+   top-k combination, two stacked branches) is ``infer``: it can exceed its largest input
+   by no more than the chain of Adds it stands for, which are infer. Larger sums stay deny.
 """
 
 from __future__ import annotations
 
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
-from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, UNKNOWN, OpDef
+from collections import Counter
+from math import prod
+
+from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, INFER, UNKNOWN, OpDef
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
 from .user_rules import apply_user_rules
 
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
+#: rule 9: sums over at most this many elements are as safe as the Adds they stand for
+SMALL_SUM = 8
 _DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", "forbid_low", "source_dtype")
 
 
@@ -59,6 +67,8 @@ class ClassifyPass(Pass):
                 continue
             row = registry.by_canonical.get(op.canonical) if op.canonical else None
             op.op_class, op.reason = _class_of(op, row, ctx)
+            if op.canonical == "reduce_sum" and op.op_class == DENY and op.reason == _registry_reason(row):
+                op.op_class, op.reason = _small_sum(graph, op) or (op.op_class, op.reason)
             op.tensor_core = bool(row and row.tensor_core)
             _assign_roles(graph, op, row, ctx, roles)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
@@ -81,8 +91,32 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
     for attr, values, why in row.deny_attrs:
         if op.attrs.get(attr) in values:
             return DENY, f"deny: {why}"
-    note = f": {row.note}" if row.note else ""
-    return row.op_class, f"{row.op_class}{note}"
+    return row.op_class, _registry_reason(row)
+
+
+def _registry_reason(row: OpDef | None) -> str | None:
+    return None if row is None else f"{row.op_class}: {row.note}" if row.note else row.op_class
+
+
+def _small_sum(graph: PrecisionGraph, op: Op) -> tuple[str, str] | None:
+    """Rule 9: (infer, reason) for a sum over at most ``SMALL_SUM`` elements, else None.
+
+    The reduced extent is what the input's dims have that the output's lack (dims of 1 left
+    out, so keepdims does not matter); every such dim must be a number."""
+    if not op.inputs or not op.inputs[0] or not op.outputs or not op.outputs[0]:
+        return None
+    shape_in, shape_out = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
+    if shape_in is None or shape_out is None:
+        return None
+    have, keep = Counter(d for d in shape_in if d != 1), Counter(d for d in shape_out if d != 1)
+    if None in have or keep - have:
+        return None
+    removed = list((have - keep).elements())
+    if not removed or not all(isinstance(d, int) for d in removed) or prod(removed) > SMALL_SUM:
+        return None  # nothing seen reduced (shapes that say nothing): the registry's class
+    n = prod(removed)
+    return INFER, (f"infer: a sum of {n} elements, as safe as the {n - 1} Adds it stands for "
+                   f"(sums of more than {SMALL_SUM} stay deny)")
 
 
 def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext,

@@ -100,7 +100,8 @@ def _unsized_dims(graph: PrecisionGraph) -> list[str]:
 
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> list[str]:
     """What the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
-    rule, out of the eligible region; by op type, the commonest first) and graph inputs/outputs
+    rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
+    4 Resize", two per interpolation, had read "8x Resize", 8 ops) and graph inputs/outputs
     that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
     first); no lines when no cast is charged."""
     borders: Counter = Counter()
@@ -117,7 +118,8 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
             held.update({op.name: op.reason.split(": ", 1)[-1] for op in fixed})
         else:
             io += 1
-    parts = [f"{n}x {kind}" for kind, n in borders.most_common(4)]
+    kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
+    parts = [f"{n} {'casts ' if not i else ''}at {kinds[kind]} {kind}" for i, (kind, n) in enumerate(borders.most_common(4))]
     if io:
         parts.append(f"{io} at graph inputs/outputs")
     if not parts:

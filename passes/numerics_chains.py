@@ -18,6 +18,7 @@ from amp_compiler.dtypes import is_float
 from amp_compiler.ir import Op, PrecisionGraph
 from amp_compiler.numerics import DtypeRange
 from amp_compiler.registry import CLEAR
+from cost_model.norm_pattern import reciprocal_of
 
 #: ops whose output is bounded whatever their input (what deny propagation and the trig rule stop at)
 BOUNDED = frozenset({"tanh", "sigmoid", "hard_sigmoid", "softmax", "erf", "sin", "cos", "layer_norm", "rms_norm",
@@ -140,6 +141,9 @@ def _root_of_squares(graph: PrecisionGraph, tensor: str, value: str, reciprocal:
         return False
     if reciprocal and root.canonical == "reciprocal" and root.inputs and root.inputs[0]:
         root = graph.producer(root.inputs[0])
+        reciprocal = False
+    elif reciprocal and (divisor := reciprocal_of(graph, root)) is not None:  # Div(1, d): TorchScript's rsqrt
+        root = graph.producer(divisor)
         reciprocal = False
     if root is None or root.canonical != ("rsqrt" if reciprocal else "sqrt"):
         return False

@@ -122,25 +122,39 @@ class IRBuilder:
         return [p(self.graph, ctx) for p in passes]
 
 
-def rms_norm_stack(blocks: int = 6, d: int = 64, tokens: int = 16, gamma=None) -> onnx.ModelProto:
+def rms_norm_stack(blocks: int = 6, d: int = 64, tokens: int = 16, gamma=None,
+                   torchscript: bool = False) -> onnx.ModelProto:
     """``blocks`` x (MatMul -> T5/Llama RMSNorm as the dynamo exporter writes torch.rsqrt: Pow,
     ReduceMean, Add eps 1e-6, Sqrt, Reciprocal, Mul(h, r)). ``gamma(block, d)``, if given, returns
-    each norm's learned 1-D scale, applied as ``Mul(gamma, normed)`` as T5 and Llama do."""
+    each norm's learned 1-D scale, applied as ``Mul(gamma, normed)`` as T5 and Llama do.
+    ``torchscript``: as the TorchScript exporter writes Gemma's norm: ``h.float()`` a Cast,
+    ``Div(Constant 1, s)`` for the Reciprocal, the scale ``Add(1, gamma - 1)`` left unfolded."""
     nodes, inits, x = [], [], "x"
     for i in range(blocks):
         n = f"b{i}_"
         normed = f"{n}n" if gamma is not None else f"{n}y"
-        nodes += [helper.make_node("MatMul", [x, f"{n}W"], [f"{n}h"], name=f"{n}mm"),
-                  helper.make_node("Pow", [f"{n}h", "two"], [f"{n}p"], name=f"{n}pow"),
+        h = f"{n}hf" if torchscript else f"{n}h"
+        nodes += [helper.make_node("MatMul", [x, f"{n}W"], [f"{n}h"], name=f"{n}mm")]
+        if torchscript:
+            nodes += [helper.make_node("Cast", [f"{n}h"], [h], name=f"{n}float", to=TensorProto.FLOAT),
+                      helper.make_node("Constant", [], [f"{n}one"], name=f"{n}one",
+                                       value=numpy_helper.from_array(np.array(1.0, np.float32)))]
+        nodes += [helper.make_node("Pow", [h, "two"], [f"{n}p"], name=f"{n}pow"),
                   helper.make_node("ReduceMean", [f"{n}p", "axes"], [f"{n}m"], name=f"{n}mean", keepdims=1),
                   helper.make_node("Add", [f"{n}m", "eps"], [f"{n}a"], name=f"{n}add"),
                   helper.make_node("Sqrt", [f"{n}a"], [f"{n}s"], name=f"{n}sqrt"),
+                  helper.make_node("Div", [f"{n}one", f"{n}s"], [f"{n}r"], name=f"{n}rsqrt") if torchscript else
                   helper.make_node("Reciprocal", [f"{n}s"], [f"{n}r"], name=f"{n}rsqrt"),
-                  helper.make_node("Mul", [f"{n}h", f"{n}r"], [normed], name=f"{n}norm")]
+                  helper.make_node("Mul", [h, f"{n}r"], [normed], name=f"{n}norm")]
         inits.append(weight(f"{n}W", d, d))
         if gamma is not None:
+            g = np.asarray(gamma(i, d), np.float32)
+            if torchscript:
+                nodes.append(helper.make_node("Add", [f"{n}one", f"{n}g1"], [f"{n}g"], name=f"{n}one_plus"))
+                inits.append(numpy_helper.from_array(g - 1, f"{n}g1"))
+            else:
+                inits.append(numpy_helper.from_array(g, f"{n}g"))
             nodes.append(helper.make_node("Mul", [f"{n}g", normed], [f"{n}y"], name=f"{n}scale"))
-            inits.append(numpy_helper.from_array(np.asarray(gamma(i, d), np.float32), f"{n}g"))
         x = f"{n}y"
     inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
               numpy_helper.from_array(np.array([-1], np.int64), "axes"),

@@ -464,3 +464,20 @@ def test_tensor_sizes_follow_shape_and_dim_size_changes():
     assert graph.concrete_shape("x") == [5, 4]
     t.shape = None
     assert (graph.numel(t), graph.concrete_shape("x")) == (8, None)
+
+
+@pytest.mark.parametrize("k, keepdims, klass", [(2, 0, "infer"), (8, 1, "infer"), (9, 0, "deny")])
+def test_a_sum_over_a_few_elements_is_infer(k, keepdims, klass):
+    """A mixture of experts' top-k combination (classify rule 9): ReduceSum over k expert outputs
+    is k - 1 Adds; as deny it held the residual stream after every MoE block FP32 (Mixtral: 0 %
+    of GEMM FLOPs in FP16). Over a symbolic or larger extent it stays deny."""
+    out_shape = ["tokens", 1, 64] if keepdims else ["tokens", 64]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["e"], name="experts"),
+             helper.make_node("ReduceSum", ["e", "axes"], ["s"], name="combine", keepdims=keepdims),
+             helper.make_node("MatMul", ["s", "W2"], ["y"], name="proj")]
+    inits = [weight("W", 64, 64), weight("W2", 64, 64), helper.make_tensor("axes", TensorProto.INT64, [1], [1])]
+    m = model(nodes, [fin("x", "tokens", k, 64)], [fin("y", *out_shape)], inits)
+    graph, _ = plan(m)
+    assert graph.ops["combine"].op_class == klass
+    symbolic = model(nodes, [fin("x", "tokens", "k", 64)], [fin("y", *out_shape)], inits)
+    assert plan(symbolic)[0].ops["combine"].op_class == "deny"

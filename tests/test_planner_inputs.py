@@ -94,3 +94,62 @@ def test_validation_budget_defaults_to_the_dtype_s_precision(tmp_path):
     assert main([str(src), "--dry-run", "--dtype", "bf16", "--validate", "--runtime", "reference",
                  "--tolerance", "0.001", "--report", str(rep), "-q"]) in (0, 1)
     assert json.loads(rep.read_text())["validation"]["tolerance"] == 0.001
+
+
+def _batch_one_export():
+    """An export specialised to batch 1 behind a symbolic batch dim (the dynamo exporter with a
+    batch-1 example): it runs only when ``batch`` is 1."""
+    nodes = [helper.make_node("Reshape", ["pixel_values", "flat"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "W"], ["y"], name="head")]
+    inits = [helper.make_tensor("flat", TensorProto.INT64, [2], [1, 48]), weight("W", 48, 16)]
+    return model(nodes, [fin("pixel_values", "batch", 3, 4, 4)], [fin("y", 1, 16)], inits)
+
+
+def test_validation_draws_symbolic_dims_at_their_dim_size(tmp_path, capfd):
+    """``--dim`` sizes the validation inputs as it sizes the plan; where the FP32 model fails on
+    the sizes drawn, the error says them and how to change them, in one line (ONNX Runtime's
+    own log of the failure, written to the process's stderr, had come first)."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    src.write_bytes(_batch_one_export().SerializeToString())
+    assert main([str(src), "-o", str(dst), "--validate"]) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len([line for line in lines if not line.startswith("[")]) == 1, lines  # progress lines start with [
+    err = lines[-1]
+    assert "the FP32 model" in err and "pixel_values [2, 3, 4, 4]" in err and "--dim NAME=SIZE" in err
+    assert not dst.exists()
+    assert main([str(src), "-o", str(dst), "--validate", "--dim", "batch=1", "-q"]) == 0
+    assert main([str(src), "-o", str(dst), "--calibrate", "--dim", "batch=1", "-q"]) == 0
+
+
+def test_a_waveform_is_drawn_and_planned_one_second_long():
+    """Two samples (validation) or eight (the plan's default dim) are shorter than any speech
+    encoder's first convolution: HuBERT's frames came out empty, the plan priced on nothing."""
+    from amp_compiler.onnx_api import convert_onnx
+
+    nodes = [helper.make_node("Unsqueeze", ["input_values", "axes"], ["x"], name="channel"),
+             helper.make_node("Conv", ["x", "K"], ["y"], name="feature_conv", strides=[5])]
+    inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [1]), weight("K", 8, 1, 10)]
+    m = model(nodes, [fin("input_values", "batch", "samples")], [fin("y", "batch", 8, "frames")], inits)
+    feeds, how = model_inputs(m)
+    assert feeds["input_values"].shape == (2, 16000) and how["input_values"] == "audio in [-1, 1]"
+    assert model_inputs(m, dims={"samples": 400, "batch": 1})[0]["input_values"].shape == (1, 400)
+    summary = convert_onnx(m)[1].summary
+    assert summary["dim_values"] == {"samples": 16000} and summary["gemm_flops"] > 1e6
+    assert convert_onnx(m, dim_values={"samples": 800})[1].summary["dim_values"] == {"samples": 800}
+
+
+def test_a_constant_fp32_output_is_said_to_test_nothing(tmp_path, capsys):
+    """A zero-initialised head (transformers' MobileViT from a config) outputs zeros whatever the
+    plan: "max rel error 0, PASSED" must not read as evidence."""
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["pixel_values", "W"], ["h"], name="body"),
+             helper.make_node("MatMul", ["h", "Z"], ["logits"], name="head")]
+    inits = [weight("W", 8, 8), numpy_helper.from_array(np.zeros((8, 4), np.float32), "Z")]
+    src, out, html = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.html"
+    src.write_bytes(model(nodes, [fin("pixel_values", 2, 8)], [fin("logits", 2, 4)], inits).SerializeToString())
+    assert main([str(src), "-o", str(out), "--validate", "--report", str(html)]) == 0
+    captured = capsys.readouterr()
+    assert "logits: max abs error 0, max rel error 0; the FP32 output is 0 everywhere" in captured.err
+    assert "logits: the FP32 output is 0 everywhere: this comparison tests nothing" in captured.out
+    assert "the FP32 output is 0 everywhere" in html.read_text()

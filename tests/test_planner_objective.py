@@ -74,7 +74,7 @@ def test_memory_objective_converts_where_time_keeps_fp32():
     assert sm["predicted_memory_mixed_bytes"] < 0.6 * st["predicted_memory_mixed_bytes"]
     assert st["predicted_memory_all_fp16_bytes"] < st["predicted_memory_fp32_bytes"]
     assert "--objective memory" in st["fp32_tensor_core_why"] and not sm["fp32_tensor_core_why"]
-    assert "border ops that stay FP32 whatever the plan: 3x Exp, 3x Log" in st["fp32_tensor_core_why"]
+    assert "border ops that stay FP32 whatever the plan: 3 casts at 3 Exp, 3 at 3 Log" in st["fp32_tensor_core_why"]
     from amp_compiler.report import fmt_bytes
 
     line = next(x for x in by_memory.to_text().splitlines() if "predicted memory" in x)

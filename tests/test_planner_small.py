@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.builders import fin, model, plan_result, rms_norm_stack, weight
 from amp_compiler.onnx_api import convert_onnx  # noqa: E402  isort: skip
@@ -103,7 +103,7 @@ def test_rule_held_islands_on_ort_keep_fp32_and_say_why():
     assert s["fp16_gemm_flop_fraction"] == 0.0
     why = s["fp32_tensor_core_why"]
     assert "100% of GEMM/conv FLOPs" in why and "(ort-cuda)" in why and "casts by +" in why
-    assert "border ops that stay FP32 whatever the plan: 6x " in why and "6x Pow" in why
+    assert "border ops that stay FP32 whatever the plan: 6 casts at 6 Pow, 6 at 6 Reciprocal" in why
     first = report.to_text(max_rows=5).splitlines()[2:7]
     assert all(line.startswith("! ") for line in first) and not any("…" in first[i] for i in (0, 1, 2, 4))
     assert "casts by +" in first[1] and "border ops" in first[2] and "--objective memory" in first[4]
@@ -133,3 +133,16 @@ def test_scaled_rms_norms_fuse_on_ort_and_the_gemms_convert():
     assert s["predicted_time_mixed_s"] <= s["predicted_time_fp32_s"] + TIE_LAUNCHES * 4e-6  # H100: 4 µs a launch
     _, eager = convert_onnx(_rms_norm_stack(scaled=True), deploy="eager")  # casts are kernels there
     assert eager.summary["fp16_gemm_flop_fraction"] == 0.0
+
+
+def test_why_counts_casts_and_the_ops_they_border_apart():
+    """A bilinear Resize (deny) between two small convolutions: two casts border one op. The
+    first lines said "2x Resize", read as two Resize ops (Segformer: "8x Resize" for 4)."""
+    nodes = [helper.make_node("Conv", ["x", "K1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["a", "", "scales"], ["up"], name="upsample", mode="linear"),
+             helper.make_node("Conv", ["up", "K2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    inits = [weight("K1", 16, 16, 3, 3), weight("K2", 16, 16, 3, 3),
+             helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])]
+    m = model(nodes, [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 16, 16)], inits)
+    why = convert_onnx(m)[1].summary["fp32_tensor_core_why"]
+    assert "whatever the plan: 2 casts at 1 Resize" in why, why

@@ -57,7 +57,7 @@ def div_forms(graph: PrecisionGraph, timer) -> dict[str, DivForm]:
 
 def _match(graph: PrecisionGraph, norm) -> DivForm | None:
     tensors = graph.tensors
-    ops = [graph.ops[n] for n in norm.members]
+    ops = [graph.ops[n] for n in norm.members if n in graph.ops]  # the casts pass drops a no-op model Cast
     power = next(op for op in ops if op.op_type == "Pow")
     sqrt = next(op for op in ops if op.op_type == "Sqrt")
     x, s = power.inputs[0], sqrt.outputs[0]

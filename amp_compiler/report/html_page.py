@@ -206,6 +206,8 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
                              + f'<td class="{ {True: "ok", False: "bad"}.get(ok, "")}">'
                              f'{e(fmt_bool(ok, "ok", "FAIL"))}</td></tr>')
             parts.append("</tbody></table>")
+            parts += [f'<p class="note">{e(o.get("name"))}: {e(o["note"])}</p>' for o in outputs
+                      if isinstance(o, Mapping) and o.get("note")]
         else:
             parts.append('<p class="none">No outputs compared.</p>')
         parts.append("</section>")

@@ -160,6 +160,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
             out += table(cols, trows)
             if more:
                 out.append(more_line(more))
+            out += [f"{INDENT}{o.get('name')}: {o['note']}" for o in shown if isinstance(o, Mapping) and o.get("note")]
         else:
             out.append(f"{INDENT}no outputs compared")
 
