@@ -47,6 +47,8 @@ class OpDef:
     #: attribute values that make the op numerically unsafe in FP16: (attribute, values, why);
     #: such an op is ``deny`` whatever its row's class
     deny_attrs: tuple[tuple[str, tuple, str], ...] = ()
+    #: attribute values that make the op compute (so ``infer``, not ``clear``): (attribute, values, why)
+    infer_attrs: tuple[tuple[str, tuple, str], ...] = ()
     #: why the op must stay FP32 although its schema accepts FP16 (no runtime kernel), if so
     fp32_only: str = ""
     #: inputs that take the op's precision although the schema gives them a type parameter of
@@ -174,8 +176,9 @@ _many(CLEAR, "Transpose/permute,transpose,t Concat/cat Split/split,split_with_si
 _op("resize", CLEAR, ["Resize"], ["upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                                    "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
                                    "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"],
-    deny_attrs=(("mode", ("linear", "cubic"), "linear/cubic interpolation computes weighted sums in the op's "
-                 "dtype (nearest only copies)"),))
+    infer_attrs=(("mode", ("linear", "cubic"), "linear/cubic interpolation computes weighted sums of at most 64 "
+                  "neighbours with weights summing to one, in the op's dtype: bounded as average pooling is "
+                  "(nearest only copies); torch autocast runs upsampling in its input dtype"),))
 _SCATTER_REDUCE = (("reduction", ("add", "mul", "max", "min"),
                     "scatter with a reduction combines updates in the op's dtype (add/mul accumulate; "
                     "ONNX Runtime's CPU kernels refuse FP16 with a reduction)"),)

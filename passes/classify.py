@@ -22,7 +22,8 @@ Rewrite cases:
 6. Each op records the dtype its unit ports had in the source (``source_dtype``).
 7. Attribute-dependent numerics (registry ``deny_attrs``): LayerNormalization with
    ``stash_type=0`` computes its statistics in the input dtype, ScatterND with
-   ``reduction='add'`` accumulates in it, so they are ``deny``.
+   ``reduction='add'`` accumulates in it, so they are ``deny``; linear/cubic Resize computes
+   bounded weighted sums (``infer_attrs``), so it is ``infer`` where nearest is ``clear``.
 8. An op whose schema (at the model's opset) does not accept the low dtype for its
    unit ports, or that the registry marks FP32-only (no runtime kernel), is marked
    ``forbid_low`` with that reason.
@@ -91,6 +92,9 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
     for attr, values, why in row.deny_attrs:
         if op.attrs.get(attr) in values:
             return DENY, f"deny: {why}"
+    for attr, values, why in row.infer_attrs:
+        if op.attrs.get(attr) in values:
+            return INFER, f"infer: {why}"
     return row.op_class, _registry_reason(row)
 
 

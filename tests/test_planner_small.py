@@ -136,13 +136,12 @@ def test_scaled_rms_norms_fuse_on_ort_and_the_gemms_convert():
 
 
 def test_why_counts_casts_and_the_ops_they_border_apart():
-    """A bilinear Resize (deny) between two small convolutions: two casts border one op. The
-    first lines said "2x Resize", read as two Resize ops (Segformer: "8x Resize" for 4)."""
+    """An Exp (deny) between two small convolutions: two casts border one op. The first lines
+    said "2x Exp", read as two Exp ops (a Segformer's four deny ops read "8x")."""
     nodes = [helper.make_node("Conv", ["x", "K1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Resize", ["a", "", "scales"], ["up"], name="upsample", mode="linear"),
+             helper.make_node("Exp", ["a"], ["up"], name="exp"),
              helper.make_node("Conv", ["up", "K2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    inits = [weight("K1", 16, 16, 3, 3), weight("K2", 16, 16, 3, 3),
-             helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])]
-    m = model(nodes, [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 16, 16)], inits)
+    inits = [weight("K1", 16, 16, 3, 3), weight("K2", 16, 16, 3, 3)]
+    m = model(nodes, [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 8, 8)], inits)
     why = convert_onnx(m)[1].summary["fp32_tensor_core_why"]
-    assert "whatever the plan: 2 casts at 1 Resize" in why, why
+    assert "whatever the plan: 2 casts at 1 Exp" in why, why
