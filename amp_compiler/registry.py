@@ -97,12 +97,17 @@ _op("conv_transpose", ALLOW, ["ConvTranspose"], ["conv_transpose1d", "conv_trans
 _op("einsum", ALLOW, ["Einsum"], ["einsum"], flops="einsum", tensor_core=True)
 _op("attention", ALLOW, ["Attention", MS + "Attention", MS + "MultiHeadAttention", MS + "GroupQueryAttention",
                           MS + "PackedAttention", MS + "DecoderMaskedMultiHeadAttention"],
-    ["scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention_overrideable",
-     "_scaled_dot_product_attention_math", "_efficient_attention_forward", "_flash_attention_forward",
-     "_cudnn_attention_forward", "_native_multi_head_attention"],
+    ["scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_native_multi_head_attention"],
     flops="attention", tensor_core=True, note="attention kernels accumulate in FP32")
+# the fused kernels (a training step traces them undecomposed): output 1 is the softmax's logsumexp, which they
+# write in FP32 whatever the inputs' dtype and their backward reads (ONNX Attention's output 1 is a cache)
+_op("fused_attention", ALLOW, [],
+    ["_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+     "_scaled_dot_product_fused_attention_overrideable", "_efficient_attention_forward", "_flash_attention_forward",
+     "_cudnn_attention_forward"],
+    flops="attention", tensor_core=True, fp32_outputs=(1,),
+    note="attention kernels accumulate in FP32; their logsumexp (output 1) stays FP32")
 # the fused kernels' backward (a training step): grad_out, q, k, v, [attn_bias,] out, logsumexp, ...
 _op("attention_backward", ALLOW, [], ["_scaled_dot_product_flash_attention_backward",
                                       "_scaled_dot_product_flash_attention_for_cpu_backward",

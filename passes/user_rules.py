@@ -140,7 +140,7 @@ def reduction_depth(graph: PrecisionGraph, op: Op) -> int | None:
     if op.canonical in ("conv", "conv_transpose") and len(op.inputs) > 1:
         w = graph.concrete_shape(op.inputs[1]) if op.inputs[1] else None
         return math.prod(w[1:]) if w and len(w) > 2 else None
-    if op.canonical == "attention":
+    if op.canonical in ("attention", "fused_attention"):
         q = graph.concrete_shape(op.inputs[0]) if op.inputs and op.inputs[0] else None
         return q[-1] if q else None
     if op.canonical and op.canonical.startswith("reduce_") and op.inputs and op.inputs[0] and op.outputs:

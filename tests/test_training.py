@@ -273,6 +273,15 @@ def test_attention_and_its_backward_are_known_tensor_core_ops_in_the_step(dropou
                             planner="greedy")
     assert not step.report.summary.get("unknown_ops")
     if not dropout:
-        backward = [op for op in step.report.to_dict()["ops"] if op["op_type"].endswith("attention_for_cpu_backward.default")]
+        ops = step.report.to_dict()["ops"]
+        backward = [op for op in ops if op["op_type"].endswith("attention_for_cpu_backward.default")]
         assert backward and all(op["class"] == "allow" and op["precision"] == "float16" for op in backward)
+        # the fused forward runs FP16 but its logsumexp stays FP32, as the kernel writes it: no cast
+        # rounds it to FP16 between the forward and the backward that reads it
+        forward = next(n for n in step.graph_module.graph.nodes
+                       if str(n.target).endswith("flash_attention_for_cpu.default"))
+        lse = next(u for u in forward.users if u.args[1] == 1)
+        assert forward.args[0].meta["val"].dtype == torch.float16
+        assert lse.meta["val"].dtype == torch.float32
+        assert not any("_to_copy" in str(u.target) or "convert_element_type" in str(u.target) for u in lse.users)
     assert torch.isfinite(step(*_batch()))
