@@ -79,7 +79,7 @@ def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int
         return ""
     fastest = "--objective fastest" if graph.inputs_retypable else 'objective="fastest"'
     return (f"{_us(t - t32)} ({(t - t32) / t32:.1%}) over FP32: a tie within 1% or {launches} launches for less memory "
-            f"({fastest}: none)")
+            f"({fastest} gives the plan never predicted slower than FP32)")
 
 
 def _fusing_runtimes(graph: PrecisionGraph) -> str:
