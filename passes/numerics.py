@@ -101,9 +101,10 @@ class NumericsPass(Pass):
         saturated: dict[str, str] = {}
         for t in graph.tensors.values():  # 1, 3, 6, 10
             why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
-            if why and t.origin == "initializer" and t.stats.max_abs > rng.max and mask_sentinel(graph, t.name):
+            if why and t.origin in ("initializer", "constant") and t.stats.max_abs > rng.max and \
+                    mask_sentinel(graph, t.name):  # a Constant node's value too (the TorchScript exporter's fill)
                 t.saturate_to, why = mask_fill(rng), None
-                saturated[t.name] = (f"initializer {t.name} (max |w| = {t.stats.max_abs:.3g}) only masks softmax "
+                saturated[t.name] = (f"{t.origin} {t.name} (max |w| = {t.stats.max_abs:.3g}) only masks softmax "
                                      f"inputs: stored as +-{t.saturate_to:.5g}, {label}'s largest power of two: "
                                      f"scores added to it stay finite, and a fully masked row uniform as in FP32")
             why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)

@@ -35,6 +35,35 @@ def _masked_attention(mask_reader: str = "Softmax"):
     return model(nodes, [fin("x", S, D), fin("keep", S, S, dtype=TensorProto.BOOL)], [fin("y", S, D)], inits)
 
 
+def _with_fill_in_a_constant_node(m):
+    """The fill as a Constant node, as the TorchScript exporter writes it, instead of an initializer."""
+    init = next(i for i in m.graph.initializer if i.name == "fill")
+    m.graph.initializer.remove(init)
+    m.graph.node.insert(0, helper.make_node("Constant", [], ["fill"], name="fill_const", value=init))
+    return m
+
+
+def test_a_mask_fill_in_a_constant_node_is_stored_saturated_and_runs_low():
+    """Gemma-2 exported with the TorchScript exporter kept its mask Add and Softmax, and so its
+    attention, FP32: rule 10 read initializers only."""
+    m = _with_fill_in_a_constant_node(_masked_attention())
+    converted, report = convert_onnx(m)  # defaults
+    ops = {o["name"]: o for o in report.ops}
+    assert all(ops[n]["precision"] == "float16" for n in ("mask_add", "softmax", "scores", "context")), ops
+    assert "fill" in report.summary["saturated_constants"]
+    stored = next(numpy_helper.to_array(n.attribute[0].t) for n in converted.graph.node if n.op_type == "Constant")
+    assert float(stored) == -32768.0
+    assert float(numpy_helper.to_array(m.graph.node[0].attribute[0].t)) == FILL  # the input model as it was
+    rng = np.random.default_rng(0)
+    keep = rng.random((S, S)) < 0.7
+    keep[3] = False  # a fully masked row stays finite
+    feeds = {"x": rng.standard_normal((S, D)).astype(np.float32), "keep": keep}
+    ref, low = run_reference(m, feeds), run_reference(converted, feeds)
+    rows = np.arange(S) != 3
+    assert np.isfinite(low[0]).all()
+    assert compare_outputs(["y"], [ref[0][rows]], [low[0][rows]])[0]["max_rel_error"] < 1e-2
+
+
 def _fill_value(m) -> float:
     return float(numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "fill")))
 

@@ -60,6 +60,8 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
             if source_outputs != op.outputs:
                 del node.output[:]
                 node.output.extend(op.outputs)
+            if op.op_type == "Constant" and op.outputs and graph.tensors[op.outputs[0]].saturate_to is not None:
+                _saturate_constant(node, graph.tensors[op.outputs[0]].saturate_to)  # before any retyping
             if op.outputs and op.outputs[0] and source_outputs:
                 _retarget_dtype_attrs(graph, node, op.outputs, [original.get(source_outputs[0])])
         scopes[op.scope].append(node)
@@ -173,6 +175,17 @@ def _saturate(imp: OnnxImport, init: TensorProto, bound: float) -> None:
     init.raw_data = values.tobytes()
     if init.name in imp.raw:
         imp.raw[init.name] = init.raw_data
+
+
+def _saturate_constant(node: NodeProto, bound: float) -> None:
+    """A Constant node's mask sentinel clamped to +-``bound`` (numerics rule 10), in its FP32 value."""
+    for i, a in enumerate(node.attribute):
+        if a.name == "value" and a.type == a.TENSOR:
+            a.t.CopyFrom(numpy_helper.from_array(np.clip(numpy_helper.to_array(a.t), -bound, bound), a.t.name))
+        elif a.name in ("value_float", "value_floats"):
+            values = np.asarray(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
+            clipped = np.clip(values, -bound, bound).astype(np.float32)
+            node.attribute[i].CopyFrom(helper.make_attribute("value", _tensor(clipped)))
 
 
 def _scalar(name: str, dtype: str) -> TensorProto:
