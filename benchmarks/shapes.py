@@ -125,7 +125,7 @@ def train(tool: str) -> dict[str, Any]:
     def eager_loop(model, autocast: bool, compiled=None):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = torch.amp.GradScaler("cpu", enabled=autocast)
-        forward = compiled or model
+        forward = compiled if compiled is not None else model
 
         def one(ids):
             opt.zero_grad()

@@ -284,3 +284,19 @@ def test_markdown_table_and_readme_section(tmp_path: Path) -> None:
     assert not common.update_readme_section("missing", "x", readme)
     path = common.write_json("x.json", {"v": np.float32(1.5)}, results_dir=tmp_path)
     assert json.loads(path.read_text()) == {"v": 1.5}
+
+
+def test_shapes_loops_count_captures_and_match_fp32(monkeypatch) -> None:
+    """The changing-shapes benchmark on short loops: amp-compiler's serving loop holds the example's
+    plan and one symbolic plan over four sizes; the padded fine-tune needs three captures for five
+    lengths (the first step, one steady length, the symbolic one) and tracks eager FP32."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from benchmarks import shapes
+
+    monkeypatch.setattr(shapes, "SERVE_CALLS", [(2, 16), (4, 20), (3, 24), (1, 9)])  # both dims vary at once
+    monkeypatch.setattr(shapes, "TRAIN_LENGTHS", [16, 20, 24, 31, 17])
+    served = shapes.serve("amp-compiler")
+    assert served["captures"] == 2 and served["max_rel_err"] < 2e-2
+    trained = shapes.train("amp-compiler")
+    assert trained["captures"] == 3 and trained["max_rel_err"] < 1e-2
