@@ -134,10 +134,10 @@ class _ExportRoute:
         dims = {} if self.dynamic_shapes is not None or family in self._static_only else \
             varying_dims(self._seen.get(family, ()), shapes)
         self._seen.setdefault(family, []).append(shapes)
-        if dims:
+        automatic = automatic_dynamic_shapes(args, kwargs, dims) if dims else None
+        if automatic is not None:
             try:
-                return self._planned(args, kwargs, automatic_dynamic_shapes(args, kwargs, dims), family,
-                                     self._seen[family])
+                return self._planned(args, kwargs, automatic, family, self._seen[family])
             except ConversionError:  # the model pins what changed: one static plan per shape, as before
                 self._static_only.add(family)
         return self._planned(args, kwargs, self.dynamic_shapes, family)

@@ -59,6 +59,7 @@ class TrainStep:
         self._micro = 0  # micro-batches accumulated since the last update
         self._captures: dict[tuple, _Capture] = {}
         self._taken: dict[tuple, _Capture] = {}  # keys a symbolic capture took (not captures of their own)
+        self._static_only: set[tuple] = set()  # families whose symbolic trace failed
         self._warned_fp32 = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
@@ -165,16 +166,24 @@ class TrainStep:
         family = _family(key)
         seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family]
         shapes = tuple(tuple(t.shape) for t in batch)
-        dynamic = varying_dims(seen, shapes)  # dims that took another size: traced symbolic
+        # dims that took another size are traced symbolic, unless that failed for this kind before
+        dynamic = {} if family in self._static_only else varying_dims(seen, shapes)
         if self._captures and all(k[2] != key[2] for k in self._captures):  # a new batch shape
             symbolic = (f"; batch dims {sorted((i, d) for i, dims in dynamic.items() for d in dims)} traced "
                         f"symbolic, so later sizes reuse it") if dynamic else ""
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
                           f"(batch shapes {[tuple(t.shape) for t in batch]}, "
                           f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
-        traced = trace_variant(self.setup, variant, states, self._scale, self._tracker,
-                               [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable]
-                               if variant.has_acc else [], batch, dynamic)
+        acc = [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable] \
+            if variant.has_acc else []
+        try:
+            traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch, dynamic)
+        except ConversionError:
+            if not dynamic:
+                raise
+            # the symbolic trace failed (a model that branches on those sizes): static captures, as before
+            self._static_only.add(family)
+            traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch)
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
         hints = {sym: max(s[i][d] for s in (*seen, shapes)) for (i, d), sym in traced.symbols.items()}

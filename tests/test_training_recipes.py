@@ -225,3 +225,34 @@ def test_variable_sequence_length_matches_eager():
         step(ids, y)
     _close(eager, captured)
     assert sorted({c["batch_shapes"][0] for c in step.captures}) == [(8, 7), (8, 12)]
+
+
+def test_a_symbolic_trace_that_fails_falls_back_to_static_captures(monkeypatch):
+    """A failed symbolic trace costs one try: the step is captured static, as before, and later
+    lengths of that kind are not traced symbolic again."""
+    import amp_compiler.train_capture as tc
+
+    tries = []
+
+    def refuse(*args, **kwargs):
+        tries.append(1)
+        raise RuntimeError("symbolic trace refused (test)")
+
+    monkeypatch.setattr(tc, "_trace_symbolic", refuse)
+    torch.manual_seed(0)
+    eager, captured = _TokenModel(), _TokenModel()
+    captured.load_state_dict(eager.state_dict())
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 50, (4, n), generator=g) for n in (16, 20, 24, 31)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(captured, _token_loss, opt_c, (batches[0], batches[0]))
+        for ids in batches:
+            opt_e.zero_grad()
+            _token_loss(eager(ids), ids).backward()
+            opt_e.step()
+            step(ids, ids)
+    _close(eager, captured, rtol=1e-4, atol=1e-5)
+    assert len(tries) == 1 and len(step.captures) == 4  # one symbolic try, then one static capture per length

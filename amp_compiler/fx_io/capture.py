@@ -83,14 +83,18 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
 def automatic_dynamic_shapes(args: tuple, kwargs: dict, dims: dict[int, frozenset[int]]) -> Any:
     """A ``dynamic_shapes`` for ``torch.export`` making ``dims`` (by pytree leaf index, as
     ``plans.varying_dims`` gives them) ``Dim.AUTO``: export keeps a dim symbolic where the model
-    allows it and specialises it where the model pins it, instead of refusing the capture."""
-    from torch.export import Dim, ShapesCollection
-
+    allows it and specialises it where the model pins it, instead of refusing the capture
+    (``None`` on a torch without ``Dim.AUTO``)."""
+    try:
+        from torch.export import Dim, ShapesCollection
+        auto = Dim.AUTO
+    except (ImportError, AttributeError):  # a torch before Dim.AUTO: static plans only
+        return None
     collection = ShapesCollection()
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     for i, leaf_dims in dims.items():
         if isinstance(leaves[i], torch.Tensor):
-            collection[leaves[i]] = {d: Dim.AUTO for d in sorted(leaf_dims)}
+            collection[leaves[i]] = {d: auto for d in sorted(leaf_dims)}
     return collection
 
 
@@ -98,16 +102,16 @@ def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
     """Whether an export's module takes a call, by torch.export's own input checks (the argument
     structure, then the guards of its symbolic dims: ranges, relations, specialisations) without
     running the graph."""
-    from torch.export import _unlift
-
     try:
+        from torch.export import _unlift
+
         flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
         guards = getattr(gm, "_guards_fn", None)
         if guards is not None:
             guards(*flat)
         else:
             _unlift._check_input_constraints_for_module(gm, tuple(args), dict(kwargs))
-    except (AssertionError, RuntimeError, ValueError, TypeError):
+    except Exception:  # noqa: BLE001 - a failed guard, or a torch without these checks: not taken
         return False
     return True
 
@@ -116,11 +120,14 @@ def largest_sizes(gm: fx.GraphModule, args: tuple, kwargs: dict, seen: Sequence[
     """The largest size each input symbol of an export of ``(args, kwargs)`` took over ``seen`` (the
     ``plans.leaf_shapes`` of the calls so far): what the export route sizes a symbolic plan by, so a
     plan made when a small call arrived is not priced as small for every later call."""
-    from torch.export import _unlift
-
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     index = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
-    flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+    try:
+        from torch.export import _unlift
+
+        flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+    except Exception:  # noqa: BLE001 - a torch without this check: the example's sizes
+        return {}
     out: dict[str, int] = {}
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), flat):
         i, val = index.get(id(value)), node.meta.get("val")
