@@ -906,20 +906,35 @@ def test_weights_out_of_range_in_external_data_are_found_without_loading_them(tm
     assert init_types(out_model) == {"W0_fp16": TP.FLOAT16, "W1": TP.FLOAT}
 
 
-def test_attention_mask_constant_beyond_fp16_keeps_its_add_fp32(tmp_path, capsys):
+def _constant_mask_model(reader: str):
+    mask = np.zeros((1, D), np.float32)
+    mask[:, D // 2:] = -1e9  # half the columns masked, as a padding mask
     nodes = [helper.make_node("MatMul", ["x", "W0"], ["h"], name="mm0"),
-             helper.make_node("Constant", [], ["mask"], name="mask_c",
-                              value=nh.from_array(np.full((1, D), -1e9, np.float32))),
+             helper.make_node("Constant", [], ["mask"], name="mask_c", value=nh.from_array(mask)),
              helper.make_node("Add", ["h", "mask"], ["hm"], name="add_mask"),
-             helper.make_node("Softmax", ["hm"], ["p"], name="softmax"),
+             helper.make_node(reader, ["hm"], ["p"], name="reader"),
              helper.make_node("MatMul", ["p", "W1"], ["y"], name="mm1")]
-    m = make(nodes, [vi("x", TP.FLOAT, [ROWS, D])], [vi("y", TP.FLOAT, [ROWS, D])], [weight("W0", seed=1), weight("W1", seed=2)])
-    inp = save(m, tmp_path / "m" / "model.onnx")
+    return make(nodes, [vi("x", TP.FLOAT, [ROWS, D])], [vi("y", TP.FLOAT, [ROWS, D])],
+                [weight("W0", seed=1), weight("W1", seed=2)])
+
+
+def test_attention_mask_constant_beyond_fp16_is_stored_saturated(tmp_path, capsys):
+    """A Constant node's -1e9 that only masks a softmax's input (numerics rule 10) is stored at
+    -32768 and the mask's Add runs FP16; the converted model validates."""
+    inp = save(_constant_mask_model("Softmax"), tmp_path / "m" / "model.onnx")
+    out_model, ops = assert_converts(capsys, tmp_path, inp, x_feed())
+    assert ops["add_mask"]["precision"] == ops["reader"]["precision"] == "float16"
+    const = next(n for n in out_model.graph.node if n.name == "mask_c")
+    assert nh.to_array(const.attribute[0].t).min() == -32768.0  # saturated, not -inf
+
+
+def test_a_constant_beyond_fp16_that_masks_no_softmax_keeps_its_add_fp32(tmp_path, capsys):
+    inp = save(_constant_mask_model("Relu"), tmp_path / "m" / "model.onnx")
     out_model, ops = assert_converts(capsys, tmp_path, inp, x_feed())
     assert ops["add_mask"]["precision"] == "float32" and "constant mask has values beyond" in ops["add_mask"]["reason"]
     const = next(n for n in out_model.graph.node if n.name == "mask_c")
     assert const.attribute[0].t.data_type == TP.FLOAT  # not rewritten to -inf in FP16
-    assert ops["mm0"]["precision"] == ops["mm1"]["precision"] == "float16"
+    assert ops["mm0"]["precision"] == "float16"
 
 
 def test_op_older_than_its_fp16_support_stays_fp32(tmp_path, capsys):
