@@ -168,12 +168,7 @@ class TrainStep:
         shapes = tuple(tuple(t.shape) for t in batch)
         # dims that took another size are traced symbolic, unless that failed for this kind before
         dynamic = {} if family in self._static_only else varying_dims(seen, shapes)
-        if self._captures and all(k[2] != key[2] for k in self._captures):  # a new batch shape
-            symbolic = (f"; batch dims {sorted((i, d) for i, dims in dynamic.items() for d in dims)} traced "
-                        f"symbolic, so later sizes reuse it") if dynamic else ""
-            warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
-                          f"(batch shapes {[tuple(t.shape) for t in batch]}, "
-                          f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
+        new_shape = bool(self._captures) and all(k[2] != key[2] for k in self._captures)
         acc = [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable] \
             if variant.has_acc else []
         try:
@@ -184,6 +179,12 @@ class TrainStep:
             # the symbolic trace failed (a model that branches on those sizes): static captures, as before
             self._static_only.add(family)
             traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch)
+        if new_shape:
+            symbolic = (f"; batch dims {sorted(traced.symbols)} traced symbolic, so later sizes reuse it"
+                        if traced.symbols else "")
+            warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
+                          f"(batch shapes {[tuple(t.shape) for t in batch]}, "
+                          f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
         hints = {sym: max(s[i][d] for s in (*seen, shapes)) for (i, d), sym in traced.symbols.items()}
@@ -286,7 +287,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     each call is a micro-batch of the loss divided by N, the N-th call updates.
     ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``); ``keep_grads`` writes
     them to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
-    and that capture serves its later sizes; captures are at most ``max_captures``. ``step.report`` is the per-op report of the last graph run.
+    and that capture serves its later sizes; captures are at most ``max_captures``.
+    ``step.report`` is the per-op report of the last graph run.
     """
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
