@@ -159,28 +159,37 @@ def _token_loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def test_padding_to_the_longest_sequence_of_each_batch_shares_one_symbolic_capture():
-    """transformers' padding collators give every batch its own length: past the first steps one
-    symbolic capture takes them all (more lengths than max_captures), and training matches eager."""
+def _token_runs(lengths: list[int], seed: int):
+    """An eager AdamW model and a captured twin (same weights), the step, and ``run()``: one step
+    of each on every padded batch of ``lengths``."""
     torch.manual_seed(0)
-    eager = _TokenModel()
-    captured = _TokenModel()
+    eager, captured = _TokenModel(), _TokenModel()
     captured.load_state_dict(eager.state_dict())
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
     opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(2)
-    lengths = [16, 20, 24, 31, 17, 40, 22, 33, 27, 19, 45]  # 11 lengths, max_captures 8
+    g = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, 50, (4, n), generator=g) for n in lengths]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         step = compile_training(captured, _token_loss, opt_c, (batches[0], batches[0]))
-    with pytest.warns(UserWarning, match=r"variant 3 \(batch shapes \[\(4, 24\), \(4, 24\)\], update; batch dims "
-                                          r"\[\(0, 1\), \(1, 1\)\] traced symbolic, so later sizes reuse it\)"):
+
+    def run():
         for ids in batches:
             opt_e.zero_grad()
             _token_loss(eager(ids), ids).backward()
             opt_e.step()
             step(ids, ids)
+    return eager, captured, step, run
+
+
+def test_padding_to_the_longest_sequence_of_each_batch_shares_one_symbolic_capture():
+    """transformers' padding collators give every batch its own length: past the first steps one
+    symbolic capture takes them all (more lengths than max_captures), and training matches eager."""
+    lengths = [16, 20, 24, 31, 17, 40, 22, 33, 27, 19, 45]  # 11 lengths, max_captures 8
+    eager, captured, step, run = _token_runs(lengths, seed=2)
+    with pytest.warns(UserWarning, match=r"variant 3 \(batch shapes \[\(4, 24\), \(4, 24\)\], update; batch dims "
+                                          r"\[\(0, 1\), \(1, 1\)\] traced symbolic, so later sizes reuse it\)"):
+        run()
     _close(eager, captured, rtol=1e-4, atol=1e-5)
     assert len(step.captures) == 3  # the first step (state created), one steady length, then the symbolic one
     assert step.report.summary["dim_values"]  # the symbolic variant ran last
@@ -239,20 +248,9 @@ def test_a_symbolic_trace_that_fails_falls_back_to_static_captures(monkeypatch):
         raise RuntimeError("symbolic trace refused (test)")
 
     monkeypatch.setattr(tc, "_trace_symbolic", refuse)
-    torch.manual_seed(0)
-    eager, captured = _TokenModel(), _TokenModel()
-    captured.load_state_dict(eager.state_dict())
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(3)
-    batches = [torch.randint(0, 50, (4, n), generator=g) for n in (16, 20, 24, 31)]
+    eager, captured, step, run = _token_runs([16, 20, 24, 31], seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        step = compile_training(captured, _token_loss, opt_c, (batches[0], batches[0]))
-        for ids in batches:
-            opt_e.zero_grad()
-            _token_loss(eager(ids), ids).backward()
-            opt_e.step()
-            step(ids, ids)
+        run()
     _close(eager, captured, rtol=1e-4, atol=1e-5)
     assert len(tries) == 1 and len(step.captures) == 4  # one symbolic try, then one static capture per length
