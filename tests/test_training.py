@@ -266,13 +266,21 @@ class _Attention(torch.nn.Module):
         return self.out(a.reshape(64, 16))
 
 
+@pytest.mark.parametrize("planner", ["optimal", "greedy"], ids=["defaults", "greedy"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_attention_and_its_backward_are_known_tensor_core_ops_in_the_step(dropout):
+def test_attention_and_its_backward_are_known_tensor_core_ops_in_the_step(dropout, planner):
+    """Defaults: nothing unknown, and this tiny step stays FP32 by cost with the warning that says so;
+    ``planner="greedy"`` runs the attention kernels FP16, the logsumexp FP32."""
     model = _Attention(dropout).train()
-    step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), _batch(),
-                            planner="greedy")
+    options = {} if planner == "optimal" else {"planner": planner}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), _batch(),
+                                **options)
     assert not step.report.summary.get("unknown_ops")
-    if not dropout:
+    if planner == "optimal" and not step.report.summary["fp16_nodes"]:
+        assert any("the plan runs the whole step in FP32" in str(w.message) for w in caught)
+    if not dropout and planner == "greedy":
         ops = step.report.to_dict()["ops"]
         backward = [op for op in ops if op["op_type"].endswith("attention_for_cpu_backward.default")]
         assert backward and all(op["class"] == "allow" and op["precision"] == "float16" for op in backward)
