@@ -48,12 +48,12 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
-from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, failing_module, largest_sizes,
+from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, failing_module, input_symbols,
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
-                          finite_peak, leaf_shapes, merge_reports, varying_dims)
+                          finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
@@ -145,10 +145,10 @@ class _ExportRoute:
     def _planned(self, args: tuple, kwargs: dict, dynamic_shapes: Any, family: Hashable,
                  seen: list[tuple] | None = None) -> Plan:
         """Export, plan and emit one call; an automatic symbolic plan is sized by the largest sizes
-        ``seen`` (``capture.largest_sizes``), not by the call that made it."""
+        ``seen`` (``plans.largest_sizes``), not by the call that made it."""
         o = self.opts
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes)
-        hints = largest_sizes(gm, args, kwargs, seen) if seen else None
+        hints = largest_sizes(input_symbols(gm, args, kwargs), seen) if seen else None
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
         ctx = _context(o)

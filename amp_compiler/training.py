@@ -22,7 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
-from .fx_io.plans import varying_dims
+from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 
 
@@ -187,7 +187,7 @@ class TrainStep:
                           f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
-        hints = {sym: max(s[i][d] for s in (*seen, shapes)) for (i, d), sym in traced.symbols.items()}
+        hints = largest_sizes(traced.symbols, (*seen, shapes))
         report, nodes = plan_variant(self.setup, gm, variant, self.plan_options, hints)
         runner = gm
         if self.backend == "inductor":

@@ -98,6 +98,14 @@ def automatic_dynamic_shapes(args: tuple, kwargs: dict, dims: dict[int, frozense
     return collection
 
 
+def _placeholder_values(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list:
+    """A call's values in the order of an unlifted export's placeholders (its input pytree spec);
+    raises if the call's structure differs from the export's."""
+    from torch.export import _unlift
+
+    return [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+
+
 def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
     """Whether an export's module takes a call, by torch.export's own input checks (the argument
     structure, then the guards of its symbolic dims: ranges, relations, specialisations) without
@@ -105,7 +113,7 @@ def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
     try:
         from torch.export import _unlift
 
-        flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
+        flat = _placeholder_values(gm, args, kwargs)
         guards = getattr(gm, "_guards_fn", None)
         if guards is not None:
             guards(*flat)
@@ -116,28 +124,23 @@ def accepts(gm: fx.GraphModule, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def largest_sizes(gm: fx.GraphModule, args: tuple, kwargs: dict, seen: Sequence[tuple]) -> dict[str, int]:
-    """The largest size each input symbol of an export of ``(args, kwargs)`` took over ``seen`` (the
-    ``plans.leaf_shapes`` of the calls so far): what the export route sizes a symbolic plan by, so a
-    plan made when a small call arrived is not priced as small for every later call."""
+def input_symbols(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[tuple[int, int], str]:
+    """``(pytree leaf index, dim) -> symbol`` of the input dims an export of ``(args, kwargs)`` made
+    symbolic ({} on a torch without export's input check)."""
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     index = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
     try:
-        from torch.export import _unlift
-
-        flat = [value for _, value in _unlift._check_inputs_match(tuple(args), dict(kwargs), gm._in_spec)]
-    except Exception:  # noqa: BLE001 - a torch without this check: the example's sizes
+        flat = _placeholder_values(gm, args, kwargs)
+    except Exception:  # noqa: BLE001 - the example's sizes, then
         return {}
-    out: dict[str, int] = {}
+    out: dict[tuple[int, int], str] = {}
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), flat):
         i, val = index.get(id(value)), node.meta.get("val")
-        if i is None or not isinstance(val, torch.Tensor):
-            continue
-        for d, size in enumerate(val.shape):
-            expr = getattr(getattr(size, "node", None), "expr", None)
-            if expr is not None and expr.is_Symbol:
-                sizes = [shapes[i][d] for shapes in seen if shapes[i] is not None and len(shapes[i]) > d]
-                out[str(expr)] = max([out.get(str(expr), 0), *sizes])
+        if i is not None and isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                expr = getattr(getattr(size, "node", None), "expr", None)
+                if expr is not None and expr.is_Symbol:
+                    out[(i, d)] = str(expr)
     return out
 
 
@@ -255,7 +258,7 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
 
 __all__ = ["accepts", "automatic_dynamic_shapes", "capture_error", "dynamo_aten_graph", "dynamo_weights",
-           "export_graph", "failing_module", "largest_sizes", "views_as_reshapes"]
+           "export_graph", "failing_module", "input_symbols", "views_as_reshapes"]
 
 
 def views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -6,7 +6,8 @@ ranks, where the user gave ``dynamic_shapes``), dtypes and devices, and the same
 non-tensor arguments (a Python scalar is specialised by both capture routes).
 ``PlanCache`` keeps the last ``limit`` plans, least recently used out first. ``varying_dims``
 says which dims of a call changed size since earlier calls of the same ranks: the export
-route's automatic symbolic capture makes them dynamic.
+route's automatic symbolic capture and ``compile_training`` make them dynamic, and
+``largest_sizes`` sizes the symbols for the cost model.
 ``merge_reports`` makes one report of the per-graph reports of a dynamo capture (one
 graph per graph break); ``docs/architecture.md`` ("Capture routes and shapes") says why.
 """
@@ -104,6 +105,18 @@ def varying_dims(seen: Iterable[tuple], current: tuple) -> dict[int, frozenset[i
     return {i: frozenset(dims) for i, dims in out.items()}
 
 
+def largest_sizes(symbols: dict[tuple[int, int], str], seen: Iterable[tuple]) -> dict[str, int]:
+    """The size each symbol (by ``(leaf, dim)``, as a symbolic capture names its input dims) is
+    planned at: the largest that dim took over ``seen`` (``leaf_shapes`` of the calls so far), so a
+    symbolic plan made when a small call arrived is not priced as small for every later call."""
+    out: dict[str, int] = {}
+    seen = list(seen)
+    for (i, d), symbol in symbols.items():
+        sizes = [shapes[i][d] for shapes in seen if shapes[i] is not None and len(shapes[i]) > d]
+        out[symbol] = max([out.get(symbol, 0), *sizes])
+    return {symbol: size for symbol, size in out.items() if size}
+
+
 def describe_key(args: tuple, kwargs: dict) -> str:
     """The tensor shapes of a call, for messages: ``(2, 16), attention_mask=(2, 16)``."""
     def one(v: Any) -> str:
@@ -179,4 +192,4 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
 
 
 __all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "call_structure", "describe_key",
-           "leaf_shapes", "merge_reports", "varying_dims"]
+           "largest_sizes", "leaf_shapes", "merge_reports", "varying_dims"]
