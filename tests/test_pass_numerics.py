@@ -216,7 +216,7 @@ def test_deny_propagation_stops_at_ops_whose_output_is_bounded(bounded_op):
     assert b2.graph.ops["scaled"].eligible
 
 
-@pytest.mark.parametrize("form", ["div_by_root", "mul_by_reciprocal", "other_numerator"])
+@pytest.mark.parametrize("form", ["div_by_root", "mul_by_reciprocal", "mul_by_one_over_root", "other_numerator"])
 def test_deny_propagation_stops_at_a_written_out_norms_result(form):
     b = IRBuilder()
     h = b.op("MatMul", [b.input("x"), b.input("w0")], "mm0")
@@ -224,6 +224,8 @@ def test_deny_propagation_stops_at_a_written_out_norms_result(form):
     root = b.op("Sqrt", [b.op("Add", [ms, b.const("eps", 1e-3)], "add_eps")], "sqrt")
     if form == "mul_by_reciprocal":  # Llama: x * 1/sqrt(mean(x^2) + eps)
         normed = b.op("Mul", [h, b.op("Reciprocal", [root], "recip")], "norm")
+    elif form == "mul_by_one_over_root":  # the TorchScript exporter's rsqrt: x * Div(1, sqrt(...))
+        normed = b.op("Mul", [h, b.op("Div", [b.const("one", 1.0), root], "one_over")], "norm")
     else:  # T5: x / sqrt(mean(x^2) + eps); or some other value divided by that root (not bounded)
         normed = b.op("Div", [h if form == "div_by_root" else b.input("v"), root], "norm")
     b.output(b.op("MatMul", [b.op("Mul", [normed, b.input("gamma")], "scale"), b.input("w")], "mm"))
