@@ -13,9 +13,10 @@ called (``docs/architecture.md``, "Validation inputs"):
   normalised log-mel features) in [-1, 1];
 * other floats N(0, 1), other integers in {0, 1}.
 
-Symbolic dims take their ``--dim`` size (``dims``), else ``default_dim``, except the samples
-of a raw waveform (a rank-2 audio input): one second at 16 kHz, as a few samples are shorter
-than the first convolution of any speech encoder.
+Symbolic dims take their ``--dim`` size (``dims``), else the one size the graph allows them
+(``onnx_io.pinned_dims``: an export specialised to batch 1), else ``default_dim``, except the
+samples of a raw waveform (a rank-2 audio input): one second at 16 kHz, as a few samples are
+shorter than the first convolution of any speech encoder.
 
 ``model_inputs`` returns the feeds and, per input, how it was drawn (the report carries it).
 """
@@ -26,6 +27,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
+from .onnx_io.pinned_dims import pins_of_model
 
 __all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
 
@@ -67,10 +69,12 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
 
 def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None):
     """(name, shape, numpy dtype) of each graph input that is not an initializer; a symbolic
-    dim takes its size in ``dims`` (by name), else a waveform's samples one second of audio
-    (``waveform_dims``), else ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
+    dim takes its size in ``dims`` (by name), else the size the graph pins it to
+    (``pinned_dims``), else a waveform's samples one second of audio (``waveform_dims``), else
+    ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
-    dims = {**waveform_dims(model), **(dims or {})}
+    pinned = {dim: pin.size for dim, pin in pins_of_model(model, sized=dims or ()).items()}
+    dims = {**waveform_dims(model), **pinned, **(dims or {})}
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
@@ -104,10 +108,20 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     ``dims`` sizes symbolic dims by name (``--dim``)."""
     rng = np.random.default_rng(seed)
     rows = _table_rows(model)
+    pins = pins_of_model(model, sized=dims or ())
+    dims = {**{dim: pin.size for dim, pin in pins.items()}, **(dims or {})}
     feeds, how = {}, {}
     for name, shape, dtype in graph_input_specs(model, default_dim, dims):
         feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
+        pinned = [pins[d].describe() for d in _symbolic_dims(model, name) if d in pins]
+        if pinned:
+            how[name] += "; " + "; ".join(pinned)
     return feeds, how
+
+
+def _symbolic_dims(model: ModelProto, name: str) -> list[str]:
+    return [d.dim_param for vi in model.graph.input if vi.name == name
+            for d in vi.type.tensor_type.shape.dim if d.dim_param]
 
 
 def _draw(rng, name: str, shape: list[int], dtype, table) -> tuple[np.ndarray, str]:

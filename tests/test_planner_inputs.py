@@ -98,27 +98,75 @@ def test_validation_budget_defaults_to_the_dtype_s_precision(tmp_path):
 
 def _batch_one_export():
     """An export specialised to batch 1 behind a symbolic batch dim (the dynamo exporter with a
-    batch-1 example): it runs only when ``batch`` is 1."""
+    batch-1 example): it runs only when ``batch`` is 1, and its Reshape target says so."""
     nodes = [helper.make_node("Reshape", ["pixel_values", "flat"], ["f"], name="flatten"),
              helper.make_node("MatMul", ["f", "W"], ["y"], name="head")]
     inits = [helper.make_tensor("flat", TensorProto.INT64, [2], [1, 48]), weight("W", 48, 16)]
     return model(nodes, [fin("pixel_values", "batch", 3, 4, 4)], [fin("y", 1, 16)], inits)
 
 
-def test_validation_draws_symbolic_dims_at_their_dim_size(tmp_path, capfd):
+def _batch_three_export():
+    """A batch fixed by a broadcast (an Add of a [3, 16] constant): no Reshape nor declared shape
+    says so, so the inputs are drawn at the default size and the FP32 run fails."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Add", ["h", "B"], ["y"], name="bias")]
+    return model(nodes, [fin("x", "batch", 16)], [fin("y", "batch", 16)], [weight("W", 16, 16), weight("B", 3, 16)])
+
+
+def test_validation_draws_a_dim_the_graph_pins_at_its_one_size(tmp_path, capsys):
+    """Drawn at the default batch of 2, the batch-1 export's FP32 run failed ``--validate`` until
+    the user found ``--dim batch=1``; the Reshape target pins it, and the report says so."""
+    src, dst, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    src.write_bytes(_batch_one_export().SerializeToString())
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep)]) == 0
+    drawn = json.loads(rep.read_text())["summary"]["inputs_drawn"]["pixel_values"]
+    assert "batch = 1, pinned by Reshape 'flatten' of [batch, 3, 4, 4] to [1, 48]" in drawn
+    assert "input pixel_values: images in [0, 1]; batch = 1, pinned by Reshape" in capsys.readouterr().out
+    assert main([str(src), "-o", str(dst), "--calibrate", "-q"]) == 0
+    assert model_inputs(_batch_one_export(), dims={"batch": 4})[0]["pixel_values"].shape == (4, 3, 4, 4)
+
+
+def test_a_declared_shape_that_specialises_a_dim_pins_it():
+    """The dynamo exporter declares the values after a specialisation at their traced size
+    (SigLIP's pooled LayerNorm [1, 1, 64] of a [batch, 1, 64] input); ONNX Runtime's optimizer
+    trusts the declaration and bakes it into a fused Gemm's Reshape."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Relu", ["h"], ["y"], name="act")]
+    m = model(nodes, [fin("x", "batch", 1, 16)], [fin("y", "batch", 1, 16)], [weight("W", 16, 16)],
+              value_info=[fin("h", 1, 1, 16)])
+    feeds, how = model_inputs(m)
+    assert feeds["x"].shape == (1, 1, 16)
+    assert how["x"].endswith("batch = 1, pinned by 'h' declared [1, 1, 16], not [batch, 1, 16]")
+
+
+def test_pins_are_solved_only_from_equations_with_one_free_symbol():
+    from amp_compiler.onnx_io.pinned_dims import solve
+
+    free = {"batch", "seq"}
+    pins = solve([(("batch", 3, 4), (1, 12), "r1"), (("4*batch", 16), (64,), "r2")], free)
+    assert {d: (p.size, p.why) for d, p in pins.items()} == {"batch": (1, "r1")}
+    assert solve([(("batch", "seq", 8), (2, 64), "r")], free) == {}  # two symbols: no one size
+    assert solve([(("batch", "seq", 8), ("seq", 16), "r")], free)["batch"].size == 2  # seq cancels
+    assert solve([(("batch", 3), (1, 3), "a"), (("batch", 3), (2, 3), "b")], free) == {}  # contradictory
+    assert solve([(("batch", 5), (12,), "r")], free) == {}  # not divisible: no size fits
+    assert solve([(("seq + 1", 4), (8,), "r")], free) == {}  # not a product
+    assert solve([(("other", 4), (8,), "r")], free) == {}  # not an input's dim
+
+
+def test_a_batch_fixed_where_nothing_says_so_fails_validation_with_a_hint(tmp_path, capfd):
     """``--dim`` sizes the validation inputs as it sizes the plan; where the FP32 model fails on
     the sizes drawn, the error says them and how to change them, in one line (ONNX Runtime's
     own log of the failure, written to the process's stderr, had come first)."""
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    src.write_bytes(_batch_one_export().SerializeToString())
+    src.write_bytes(_batch_three_export().SerializeToString())
     assert main([str(src), "-o", str(dst), "--validate"]) == 2
     lines = capfd.readouterr().err.strip().splitlines()
     assert len([line for line in lines if not line.startswith("[")]) == 1, lines  # progress lines start with [
     err = lines[-1]
-    assert "the FP32 model" in err and "pixel_values [2, 3, 4, 4]" in err and "--dim NAME=SIZE" in err
+    assert "the FP32 model" in err and "x [2, 16]" in err and "--dim NAME=SIZE" in err
     assert not dst.exists()
-    assert main([str(src), "-o", str(dst), "--validate", "--dim", "batch=1", "-q"]) == 0
-    assert main([str(src), "-o", str(dst), "--calibrate", "--dim", "batch=1", "-q"]) == 0
+    assert main([str(src), "-o", str(dst), "--validate", "--dim", "batch=3", "-q"]) == 0
+    assert main([str(src), "-o", str(dst), "--calibrate", "--dim", "batch=3", "-q"]) == 0
 
 
 def test_a_waveform_is_drawn_and_planned_one_second_long():

@@ -38,18 +38,9 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
     unrelated symbols or unknown; returns how many values changed (0 when nothing was to do)."""
     if not unrelated_dims(light, types):
         return 0
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:  # an ONNX Runtime build without its tools
+    inferred = symbolic_model(light)
+    if inferred is None:
         return 0
-    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
-    try:
-        inferred = _symbolic_shapes(SymbolicShapeInference, _shape_model(light))
-    except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
-        return 0
-    finally:
-        logger.level = level
     related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
     declared = _dims(light.graph.input)
     adopted = ModelProto()
@@ -61,6 +52,23 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
         return 0
     light.CopyFrom(adopted)
     return changed
+
+
+def symbolic_model(light: ModelProto) -> ModelProto | None:
+    """``light`` (a ``light_copy``) shaped by ONNX Runtime's symbolic inference from its inputs
+    alone; None where that inference is missing or fails (best effort)."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:  # an ONNX Runtime build without its tools
+        return None
+    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
+    try:
+        return _symbolic_shapes(SymbolicShapeInference, _shape_model(light))
+    except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
+        return None
+    finally:
+        logger.level = level
 
 
 def _symbolic_shapes(inference_class, model: ModelProto) -> ModelProto:
@@ -119,4 +127,4 @@ def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[st
     return changed
 
 
-__all__ = ["relate_dims", "unrelated_dims"]
+__all__ = ["relate_dims", "symbolic_model", "unrelated_dims"]

@@ -163,5 +163,8 @@ def render_text(report, max_rows: int | None = 60) -> str:
             out += [f"{INDENT}{o.get('name')}: {o['note']}" for o in shown if isinstance(o, Mapping) and o.get("note")]
         else:
             out.append(f"{INDENT}no outputs compared")
+        drawn = s.get("inputs_drawn")
+        if isinstance(drawn, Mapping):  # how the inputs were made: a size the graph pins is said here
+            out += [f"{INDENT}input {clean(name)}: {clean(how)}" for name, how in drawn.items()]
 
     return "\n".join(trunc_end(line, W) for line in out) + "\n"
