@@ -94,3 +94,25 @@ def test_an_op_the_symbolic_inference_cannot_shape_leaves_no_file_behind(tmp_pat
     summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
     assert list(tmp_path.iterdir()) == []
     assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * 1024  # what it could shape is still used
+
+
+def test_a_segformer_exported_from_a_batch_1_example_validates_by_default(tmp_path):
+    """The dynamo exporter with a batch-1 example and a dynamic batch axis bakes 1 into a Reshape
+    target behind the inputs' symbolic ``batch``: drawn at 2, the FP32 run failed ``--validate``
+    (the field check's Segformer and SigLIP); the graph pins the size, and the report says where."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
+    torch.manual_seed(0)
+    cfg = transformers.SegformerConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_labels=5,
+                                       decoder_hidden_size=64, num_attention_heads=[1, 1, 2, 2])
+    segformer = transformers.SegformerForSemanticSegmentation(cfg).eval()
+    src, dst, rep = tmp_path / "segformer.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(segformer, (torch.rand(1, 3, 64, 64),), str(src), input_names=["pixel_values"],
+                          dynamic_axes={"pixel_values": {0: "batch"}}, dynamo=True, verbose=False)
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["validation"]["passed"]
+    assert "batch = 1, pinned by Reshape" in report["summary"]["inputs_drawn"]["pixel_values"]
