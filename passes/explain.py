@@ -52,9 +52,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
                      f"{-saved / 2 ** 20:+.2f} MiB")
         lines += _casts_needed_by(graph, energy, flipped)
-        unsized = _unsized_dims(graph)
-        dims = (f"--dim NAME=SIZE ({len(unsized)} symbolic dims sized {graph.default_dim()}: "
-                f"{', '.join(unsized[:3])}{', …' if len(unsized) > 3 else ''}), " if unsized else "")
+        dims = _dim_advice(graph)
         lines.append(f"would change it: {dims}{_fusing_runtimes(graph)}")
     unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
     if unplanned:
@@ -90,12 +88,23 @@ def _fusing_runtimes(graph: PrecisionGraph) -> str:
     return "backend=\"inductor\" (casts fuse), objective=\"memory\""
 
 
-def _unsized_dims(graph: PrecisionGraph) -> list[str]:
-    """Symbolic dims the cost model sized with the default (no ``--dim`` value, no example): those
-    the graph's inputs declare first (sizing them sizes the expressions made of them), then others."""
+def _dim_advice(graph: PrecisionGraph) -> str:
+    """``--dim NAME=SIZE (...), `` naming the symbolic dims the cost model sized with the default (no
+    ``--dim`` value, no example) that the graph's inputs declare (sizing them sizes the expressions
+    made of them); symbols shape inference made up (TorchScript's ``unk__3``, which no user can
+    name) are only counted; "" when every dim has a size."""
     sizes = graph.dim_values()
     dims = {d for t in graph.tensors.values() if t.shape for d in t.shape if isinstance(d, str)}
-    return sorted(set().union(*(sizes.unsized(d) for d in dims)), key=lambda d: (d not in sizes.declared, d))
+    unsized = set().union(*(sizes.unsized(d) for d in dims))
+    declared = sorted(unsized & sizes.declared)
+    others = len(unsized) - len(declared)
+    advice = ""
+    if declared:
+        advice = (f"--dim NAME=SIZE ({len(declared)} input dims sized {graph.default_dim()}: "
+                  f"{', '.join(declared[:3])}{', …' if len(declared) > 3 else ''}), ")
+    if others:
+        advice += f"--default-dim N ({others} dims no input declares sized {graph.default_dim()}), "
+    return advice
 
 
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> list[str]:

@@ -93,7 +93,7 @@ def _rms_norm_stack(scaled=False):
     return rms_norm_stack(gamma=(lambda i, d: np.full(d, 1.5)) if scaled else None)
 
 
-def test_rule_held_islands_on_ort_keep_fp32_and_say_why():
+def test_rule_held_islands_on_ort_keep_fp32_and_say_why(monkeypatch):
     """ONNX Runtime runs each cast as a kernel and does not fuse this RMSNorm (its
     SimplifiedLayerNormFusion ends at a Mul by a 1-D weight, which this norm lacks): two casts
     per island are far more than the tie floor, so the plan stays FP32; the report's first lines give the numbers, what the
@@ -113,8 +113,14 @@ def test_rule_held_islands_on_ort_keep_fp32_and_say_why():
     assert "--dim" not in why  # every dim is static: sizing dims would change nothing
     dynamic = _rms_norm_stack()
     dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "tokens"
-    assert "--dim NAME=SIZE (1 symbolic dims sized 8: tokens)" in convert_onnx(dynamic)[1].summary["fp32_tensor_core_why"]
+    assert "--dim NAME=SIZE (1 input dims sized 8: tokens)" in convert_onnx(dynamic)[1].summary["fp32_tensor_core_why"]
     assert "--dim" not in convert_onnx(dynamic, dim_values={"tokens": 16})[1].summary["fp32_tensor_core_why"]
+
+    # a dim inference made up (TorchScript's unk__N) and nothing could relate: no --dim can name it
+    monkeypatch.setattr("amp_compiler.onnx_io.symbolic_dims.symbolic_model", lambda light: None)
+    dynamic.graph.value_info.append(helper.make_tensor_value_info("b0_h", TensorProto.FLOAT, ["unk__7", 64]))
+    why = convert_onnx(dynamic, dim_values={"tokens": 16})[1].summary["fp32_tensor_core_why"]
+    assert "--default-dim N (1 dims no input declares sized 8)" in why and "--dim NAME" not in why, why
     _, by_memory = convert_onnx(_rms_norm_stack(), objective="memory")
     assert by_memory.summary["fp16_gemm_flop_fraction"] == 1.0
     _, fused = convert_onnx(_rms_norm_stack(), deploy="inductor")  # the casts fold into the norm's kernel
