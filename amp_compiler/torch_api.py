@@ -268,6 +268,8 @@ class AmpModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         plan, out = self._route.call(args, kwargs)
+        if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
+            self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
         return out
 
@@ -350,7 +352,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
-    called with; their shapes size the cost model; a dim that takes a second size gets one
+    called with (none, for a forward that needs arguments: the first call is the example, as
+    with ``torch.compile``); their shapes size the cost model; a dim that takes a second size gets one
     symbolic plan, sized by the largest sizes seen, which later sizes share (a serving loop's lengths, a
     decode loop's steps), on either capture route; calls no plan takes get plans of their own
     (at most ``max_plans``). With ``dynamic_shapes`` (as for ``torch.export``) every call
@@ -383,18 +386,74 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
+    options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
+    capture = functools.partial(_capture, model, opts, source, dynamic_shapes, max_plans, training)
+    if not args and not kwargs and not _binds(model, (), {}):  # torch.compile(model)'s habit: plan on first call
+        return AmpModule(model, _FirstCall(model, capture), model.training, source, options)
+    if not _binds(model, args, kwargs):
+        raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
+                        f"{_signature(model)} ({_bind_error(model, args, kwargs)}); pass what the model is "
+                        "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
+                        "the first call")
+    route, plan = capture(args, kwargs)
+    amp = AmpModule(model, route, model.training, source, options)
+    amp.__dict__["_last"] = plan
+    return amp
+
+
+def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, max_plans: int, training: bool,
+             args: tuple, kwargs: dict) -> tuple[Any, Plan]:
+    """The route that captures ``model`` called with ``args``/``kwargs`` (torch.export's, else
+    dynamo's) and the plan of that call; one ``ConversionError`` when neither captures it."""
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        plan = route.first(args, kwargs)
+        return route, route.first(args, kwargs)
     except ConversionError as export_error:
         if dynamic_shapes is not None:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
         route = _DynamoRoute(model, opts, source, max_plans)
-        plan = _dynamo_or_raise(route, model, args, kwargs, export_error, training)
-    options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
-    amp = AmpModule(model, route, model.training, source, options)
-    amp.__dict__["_last"] = plan
-    return amp
+        return route, _dynamo_or_raise(route, model, args, kwargs, export_error, training)
+
+
+class _FirstCall:
+    """The route of an ``AmpModule`` compiled without an example, until its first call: that call
+    captures and plans the model (as ``torch.compile`` does) and hands over to the route it chose."""
+
+    name = "not captured yet (plans on its first call)"
+
+    def __init__(self, model: torch.nn.Module, capture: Callable[[tuple, dict], tuple[Any, Plan]]) -> None:
+        self.model, self.capture, self.route = model, capture, None
+
+    @property
+    def plans(self) -> list[Plan]:
+        return []
+
+    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        if not _binds(self.model, args, kwargs):  # the model's own TypeError, not a capture failure
+            return None, self.model(*args, **kwargs)
+        self.route, _ = self.capture(args, kwargs)
+        return self.route.call(args, kwargs)
+
+
+def _binds(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    return _bind_error(model, args, kwargs) is None
+
+
+def _bind_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:  # no signature to read (a builtin forward): the capture will say
+        return None
+    return None
+
+
+def _signature(model: torch.nn.Module) -> str:
+    try:
+        return str(inspect.signature(model.forward))
+    except ValueError:
+        return "(...)"
 
 
 class _PlannedOnFirstCall:

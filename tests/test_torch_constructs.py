@@ -392,3 +392,28 @@ def test_merged_report_sums_every_graph_and_keeps_each_graphs_reasons():
     assert s["predicted_memory_mixed_bytes"] == 300 and s["predicted_memory_weights_fp32_bytes"] == 80
     assert s["fp16_gemm_flop_fraction"] == pytest.approx(0.75)
     assert s["fp32_tensor_core_why"] == "graph 0: FP32 by cost"
+
+
+def test_compiled_without_an_example_it_plans_on_the_first_call():
+    """``torch.compile(model)``'s habit: no example inputs. The capture ran on an empty call and
+    failed with advice about traceability ("missing a required argument: 'src'")."""
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
+    encoder = _seeded(lambda: nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval())
+    x = torch.randn(8, 64, 256)
+    amp = amp_compiler.compile(encoder, target=TARGET)
+    assert amp.plans == 0 and amp.report is None and "first call" in amp.capture
+    with torch.no_grad():
+        ref, out = encoder(x), amp(x)
+        assert amp.capture == "torch.export" and amp.plans == 1
+        assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+        assert rel_error(out, ref) < 1e-2
+        amp(torch.randn(4, 64, 256))  # later calls take the chosen route's plans
+    assert amp.plans == 2
+    with pytest.raises(TypeError, match="bogus"):  # a call the forward refuses is the model's own error
+        amp_compiler.compile(encoder, target=TARGET)(bogus=x)
+
+
+def test_an_example_that_does_not_fit_the_forward_is_refused_naming_its_signature():
+    encoder = _seeded(lambda: Block())
+    with pytest.raises(TypeError, match=r"the example does not fit Block.forward\(x\) .*'mask'"):
+        amp_compiler.compile(encoder, (torch.randn(2, 256),), example_kwargs={"mask": None})
