@@ -13,6 +13,7 @@ from cost_model.runtime import default_runtime
 from passes.user_rules import UserRules
 
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
+from .dims import names_in
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .input_gen import waveform_dims
@@ -108,6 +109,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         progress("import")
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
+    _check_dim_names(imp.graph, dim_values, source)
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
@@ -128,6 +130,21 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if annotate:
         annotate_model(converted, report)
     return ConvertedModel(converted, report, base_dir, imp.pending)
+
+
+def _check_dim_names(graph, dim_values: dict[str, int] | None, source: str) -> None:
+    """A ``--dim`` naming no symbolic dim of the model sizes nothing: a typo (``batch`` for an
+    export's ``N``) would plan and validate at the default size with no word said."""
+    if not dim_values:
+        return
+    named = {n for t in graph.tensors.values() if t.shape for d in t.shape if isinstance(d, str)
+             for n in names_in(d)}
+    unknown = sorted(set(dim_values) - named)
+    if unknown:
+        declared = sorted({d for name in graph.inputs for d in (graph.tensors[name].shape or ()) if isinstance(d, str)})
+        raise ConversionError(source, f"--dim {unknown[0]}={dim_values[unknown[0]]}",
+                              f"the model has no symbolic dim named {unknown[0]!r}; its inputs declare "
+                              f"{', '.join(declared) if declared else 'none (every input dim is fixed)'}")
 
 
 def _custom_rows(table) -> list:

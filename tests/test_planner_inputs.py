@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 from tests.builders import fin, model, weight
@@ -201,3 +202,22 @@ def test_a_constant_fp32_output_is_said_to_test_nothing(tmp_path, capsys):
     assert "logits: max abs error 0, max rel error 0; the FP32 output is 0 everywhere" in captured.err
     assert "logits: the FP32 output is 0 everywhere: this comparison tests nothing" in captured.out
     assert "the FP32 output is 0 everywhere" in html.read_text()
+
+
+def test_a_dim_the_model_does_not_have_is_refused_naming_the_ones_it_has(tmp_path, capsys):
+    """``--dim batch=4`` on an export whose dim is ``N`` sized nothing, without a word: the plan and
+    the validation ran at the default size."""
+    from amp_compiler import ConversionError
+    from amp_compiler.onnx_api import convert_onnx
+
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    src.write_bytes(_batch_three_export().SerializeToString())
+    assert main([str(src), "-o", str(dst), "--dim", "batch=3", "--dim", "N=4", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--dim N=4: the model has no symbolic dim named 'N'; its inputs declare batch" in err
+    assert not dst.exists()
+    static = _batch_three_export()
+    static.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    with pytest.raises(ConversionError, match=r"inputs declare none \(every input dim is fixed\)"):
+        convert_onnx(static, dim_values={"batch": 3})
+    assert convert_onnx(_batch_three_export(), dim_values={"batch": 3})[1].summary["dim_values"] == {"batch": 3}
