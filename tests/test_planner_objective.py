@@ -217,8 +217,7 @@ def test_a_near_tie_needs_less_memory_by_the_reports_measure(monkeypatch):
     """ConvNeXt-V2 took a plan 4 % slower than FP32 "for less memory" that the report priced at
     4.0 MiB against FP32's 3.5: the proxy the cuts weigh counts each output once, while the MLP's
     wide activation is held twice at the peak (FP16 and the FP32 cast GRN reads). A tie must hold
-    less by the report's measure (passes/plan_memory.py), which prices the plans it compares exactly
-    as the report then prints the one taken."""
+    less by the report's measure (passes/plan_memory.py: here exactly the report's number)."""
     import passes.convert as convert
 
     priced = []
