@@ -255,8 +255,6 @@ def _run(args: argparse.Namespace) -> int:
     base_dir = Path(args.input).resolve().parent
     if out is not None:  # nor may its .data file be one the input reads from
         check_output_path(out, input_files(original, args.input))
-    if dims and not args.quiet:
-        _warn_unnamed_dims(args.input, original, dims)
     feeds = _feeds(args, original) if (args.validate or args.fallback or args.calibrate) else None
     convert = functools.partial(convert_onnx, original, dtype=args.dtype, **options,
                                 keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
@@ -416,26 +414,6 @@ def _silence_warnings(runs_models: bool) -> None:
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)
-
-
-def _warn_unnamed_dims(source: str, model, dims: dict[str, int]) -> None:
-    """A ``--dim`` naming no dim of the model's inputs, outputs or value_info sizes nothing: say so,
-    with the names the inputs use (a dynamo export names them ``s0``, ``s1``, ...: ``--dim
-    batch=32 --dim sequence=512`` was ignored without a word and the model planned at 8)."""
-    from .dims import names_in
-
-    named: set[str] = set()
-    for vi in (*model.graph.input, *model.graph.output, *model.graph.value_info):
-        for d in vi.type.tensor_type.shape.dim:
-            if d.dim_param:
-                named |= {d.dim_param, *names_in(d.dim_param)}
-    unnamed = [name for name in dims if name not in named]
-    if unnamed:
-        inputs = dict.fromkeys(d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
-                               if d.dim_param)
-        print(f"amp-compile: warning: {source}: --dim {', '.join(unnamed)}: no dim of the model has that name, "
-              f"so it sizes nothing (the inputs' dims: {', '.join(inputs) or 'none, every input is static'})",
-              file=sys.stderr)
 
 
 def _parse_dims(items: list[str]) -> dict[str, int]:

@@ -141,20 +141,3 @@ def test_a_segformer_exported_from_a_batch_1_example_validates_by_default(tmp_pa
     report = json.loads(rep.read_text())
     assert report["validation"]["passed"]
     assert "batch = 1, pinned by Reshape" in report["summary"]["inputs_drawn"]["pixel_values"]
-
-
-def test_a_dim_the_model_does_not_name_is_said_to_size_nothing(tmp_path, capsys):
-    """A dynamo export names its dims s0, s1, ...: ``--dim batch=4 --dim seq=512`` sized nothing,
-    without a word, and the model was planned at 8 x 8 rows."""
-    m = _flattened_projection()
-    for d, name in zip(m.graph.input[0].type.tensor_type.shape.dim, ("s0", "s1")):
-        d.dim_param = name
-    src, report = tmp_path / "m.onnx", tmp_path / "r.json"
-    src.write_bytes(m.SerializeToString())
-    assert main([str(src), "--dry-run", "--dim", "batch=4", "--dim", "s1=512", "--report", str(report)]) == 0
-    err = capsys.readouterr().err
-    assert (f"amp-compile: warning: {src}: --dim batch: no dim of the model has that name, so it sizes nothing "
-            "(the inputs' dims: s0, s1)") in err
-    assert json.loads(report.read_text())["summary"]["gemm_flops"] == 2 * (8 * 512) * 64 * 1024  # s1 did size
-    assert main([str(src), "--dry-run", "--dim", "s0=4", "--dim", "s1=512"]) == 0
-    assert "warning" not in capsys.readouterr().err
