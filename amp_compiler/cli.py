@@ -330,14 +330,20 @@ def _runner(args):
     return run_reference if args.runtime == "reference" else run_model
 
 
+def _low(args) -> str:
+    from .dtypes import normalize_low_dtype
+
+    return normalize_low_dtype(args.dtype)
+
+
 def _validate(args, original, converted, staged, report, feeds) -> int:
     """Compare the outputs: ONNX Runtime runs the staged files (external data and all)."""
     from .validate import validate
 
     if staged is not None and args.runtime == "ort":
-        result = validate(str(args.input), str(staged), feeds, args.tolerance)
+        result = validate(str(args.input), str(staged), feeds, args.tolerance, low=_low(args))
     else:
-        result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args))
+        result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args), low=_low(args))
     report.data["validation"] = result
     for row in [] if args.quiet else result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "

@@ -93,7 +93,12 @@ def _weights(table: dict[str, Mapping]) -> dict[str, int]:
 
 
 def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str, int]:
-    """Peak live bytes in each scenario, sweeping the op order once."""
+    return {f"predicted_memory_activations_{s}_bytes": peak for s, peak in activation_peaks(table, ops, casts).items()}
+
+
+def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> dict[str, int]:
+    """Peak live bytes in each scenario (``SCENARIOS``), sweeping the op order once (the planner
+    prices a plan not yet applied with the same walk: ``passes/plan_memory.py``)."""
     cast_outputs = {c.get("output"): c.get("tensor") for c in casts  # inserted ones: the source's are ops
                     if _is_mapping(c) and c.get("output") and c.get("inserted", True)}
     start: dict[str, int] = {}
@@ -147,7 +152,7 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
             live += d
             if live > peak:  # max() as a call per op costs more than the walk
                 peak = live
-        out[f"predicted_memory_activations_{s}_bytes"] = peak
+        out[s] = peak
     return out
 
 
@@ -156,4 +161,4 @@ def _is_view(op: Mapping) -> bool:
     return row is not None and row.traffic == "alias"
 
 
-__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "fill_memory", "predicted_memory", "tensor_table"]
+__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "fill_memory", "predicted_memory", "tensor_table"]

@@ -64,9 +64,18 @@ def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str
         raise ConversionError(label, "reference evaluator", detail) from None
 
 
+#: graph rewrites validation sessions leave out. ONNX Runtime's CPU provider (1.32) dies of a
+#: segmentation fault while building the session for an FP16 Transpose moving a batch dim
+#: (``perm=[1, 0, 2]``) into a MatMul, when MatmulTransposeFusion and the NCHWc layout pass both
+#: run: a Longformer exported with ``dynamo=False`` killed ``--validate`` with no message and left
+#: its staging folder behind. The fusion only folds the Transpose into the GEMM: the same values.
+CPU_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion"]
+
+
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
               label: str = "model") -> list[np.ndarray]:
-    """Run ``model`` on ONNX Runtime; a load or run failure is a ``ConversionError`` naming ``label``."""
+    """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
+    run failure is a ``ConversionError`` naming ``label``."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -74,7 +83,8 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
     payload = model if isinstance(model, str) else model.SerializeToString()
     providers = providers or ["CPUExecutionProvider"]
     try:
-        sess = ort.InferenceSession(payload, opts, providers=providers)
+        disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
+        sess = ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
         names = {i.name for i in sess.get_inputs()}
         return sess.run(None, {k: v for k, v in feeds.items() if k in names})
     except Exception as exc:  # onnxruntime raises its own exception types per failure kind
@@ -86,8 +96,11 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
         raise ConversionError(label, "ONNX Runtime", f"{detail}{hint}") from None
 
 
-def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray]) -> list[dict[str, Any]]:
-    """Per output: max absolute error and max relative error (``metrics.error_stats``)."""
+def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray],
+                    low: str | None = None) -> list[dict[str, Any]]:
+    """Per output: max absolute error and max relative error (``metrics.error_stats``); a note
+    where the comparison cannot be read as evidence (``low``: the plan's dtype, "float16" or
+    "bfloat16", for the note on outputs it cannot hold)."""
     rows = []
     for name, a, b in zip(names, expected, actual):
         max_abs, rel = error_stats(a, b)
@@ -97,8 +110,31 @@ def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[n
         elif _constant(a):  # MobileViT's zero-initialised classifier: a "pass" that tests nothing
             row["note"] = (f"the FP32 output is {np.asarray(a).flat[0]:g} everywhere: this comparison tests nothing "
                            "(zero-initialised or untrained weights?)")
+        elif low is not None and (note := _underflow_note(a, low)):
+            row["note"] = note
         rows.append(row)
     return rows
+
+
+def _underflow_note(value, low: str) -> str:
+    """A note when the FP32 output's peak magnitude is below ``low``'s smallest normal: every value
+    is subnormal or zero there (LeViT and MobileNetV2 built from a config: their vanishing
+    activations reach 1e-9 and 1e-25), so an op computing it in ``low`` loses it, whatever the
+    plan elsewhere; ONNX Runtime's CPU provider, running such ops in FP32, can hide that
+    (docs/architecture.md, "Numerics")."""
+    from .dtypes import short
+    from .numerics import RANGES
+
+    a = np.asarray(value)
+    if a.size == 0 or not np.issubdtype(a.dtype, np.floating):
+        return ""
+    peak = float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0))
+    rng = RANGES.get(low)
+    if rng is None or not 0.0 < peak < rng.min_normal:
+        return ""
+    name = short(low).upper()
+    return (f"the FP32 output peaks at {peak:.3g}, below {name}'s smallest normal {rng.min_normal:.3g}: computed in "
+            f"{name} it underflows (untrained weights?); --calibrate keeps the ops {name} cannot hold FP32")
 
 
 def _constant(value) -> bool:
@@ -107,17 +143,18 @@ def _constant(value) -> bool:
 
 
 def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dict[str, np.ndarray],
-             tolerance: float = 1e-2, runner=run_model) -> dict[str, Any]:
+             tolerance: float = 1e-2, runner=run_model, low: str | None = None) -> dict[str, Any]:
     """Run both models on ``feeds``; the result goes into the report's ``validation`` section.
 
-    ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``.
+    ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``;
+    ``low``: the plan's low dtype (``compare_outputs``' notes).
     """
     expected = runner(original, feeds, label="the FP32 model")
     actual = runner(converted, _as_declared(converted, feeds), label="the converted model")
     if isinstance(original, str):
         original = _graph_only(original)
     names = [o.name for o in original.graph.output]
-    outputs = compare_outputs(names, expected, actual)
+    outputs = compare_outputs(names, expected, actual, low)
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
     return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
             "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}

@@ -25,6 +25,7 @@ Rewrite cases:
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import numpy as np
 from .maxflow import min_cut_source_side  # scipy only for large graphs: its import costs more than a small cut
@@ -36,6 +37,7 @@ from amp_compiler.registry import ALLOW, CLEAR
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, all_low_time, build_energy
 from .explain import fp32_tensor_core_why, near_tie_note, unplanned_float
+from .plan_memory import plan_memory
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
 
@@ -65,7 +67,9 @@ class ConvertPass(Pass):
         if ctx.planner == "greedy":
             plan = solve_greedy(graph, energy)
         elif ctx.planner == "optimal":
-            plan = solve_objective(energy, ctx.objective, TIE_LAUNCHES * timer.launch)
+            plan = solve_objective(energy, ctx.objective, TIE_LAUNCHES * timer.launch,
+                                   lambda tie, best: plan_memory(graph, energy, tie, ctx.low_dtype, ctx.keep_io_types)
+                                   < plan_memory(graph, energy, best, ctx.low_dtype, ctx.keep_io_types))
             chosen = dict(plan)
         elif ctx.planner == "all":
             plan = {u: 1 for u in energy.unit_ops}
@@ -93,7 +97,8 @@ def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:
     return max(TIE_TOLERANCE * t_best, floor_s)
 
 
-def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float = 0.0) -> dict[int, int]:
+def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float = 0.0,
+                    holds_less: Callable[[dict, dict], bool] | None = None) -> dict[int, int]:
     """The plan for ``objective`` (``docs/architecture.md``, "The objective").
 
     ``time``: the exact time minimum ``T*``; then cuts of ``time + mu * memory``, the first with
@@ -104,7 +109,9 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
     doubles while the cut stays within and needs less memory (at most ``_TIE_CUTS`` more). A tie
     beyond the relative tolerance (spending the floor of launches) must also run more GEMM/conv
     FLOPs in the low dtype; else the relative tolerance alone is tried. So
-    ``T(chosen) <= T* + tol <= T_fp32 + tol``.
+    ``T(chosen) <= T* + tol <= T_fp32 + tol``. A tie must also hold less than the fastest plan by
+    ``holds_less(tie, fastest)`` where given (the report's measure, peak activations and casts
+    included: ``plan_memory``), not only by the proxy the cuts weigh.
     ``memory``: the exact minimum of ``memory + nu * time``, ``nu = TIE_TOLERANCE * M_fp32 / T_fp32``.
     ``fastest``: ``T*``'s plan, no tie-break (never predicted slower than all-FP32).
     """
@@ -134,7 +141,8 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
         # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
         # launch-bound model converting), not for storing FP32 work's weights low and casting them
         if tie is not None and (energy.total(tie)[0] <= t_best + relative
-                                or energy.low_tc_flops(tie) > energy.low_tc_flops(best)):
+                                or energy.low_tc_flops(tie) > energy.low_tc_flops(best)) \
+                and (holds_less is None or holds_less(tie, best)):
             return tie
     return best
 

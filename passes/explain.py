@@ -52,8 +52,9 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
                      f"{-saved / 2 ** 20:+.2f} MiB")
         lines += _casts_needed_by(graph, energy, flipped)
-        dims = _dim_advice(graph)
-        lines.append(f"would change it: {dims}{_fusing_runtimes(graph)}")
+        advice = (_dim_advice(graph) + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
+        if advice:
+            lines.append(f"would change it: {advice}")
     unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
     if unplanned:
         flops = sum(timer.flops(op) for op in unplanned)
@@ -80,12 +81,18 @@ def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int
             f"({fastest} gives the plan never predicted slower than FP32)")
 
 
-def _fusing_runtimes(graph: PrecisionGraph) -> str:
-    """The options that make casts cheap, as the entry point spells them: a torch graph's inputs
-    arrive as the caller passes them (``PrecisionGraph.inputs_retypable``), an ONNX file's do not."""
-    if graph.inputs_retypable:
-        return "--deploy tensorrt|inductor (casts fuse), --objective memory"
-    return "backend=\"inductor\" (casts fuse), objective=\"memory\""
+def _options_not_in_effect(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> str:
+    """The options that make casts cheap or weigh memory, as the entry point spells them (a torch
+    graph's inputs arrive as the caller passes them, ``PrecisionGraph.inputs_retypable``, an ONNX
+    file's do not), less those already in effect: under ``--deploy tensorrt`` the advice was to
+    pass ``--deploy tensorrt``."""
+    cli = graph.inputs_retypable
+    options = []
+    if not timer.runtime.fuse_casts:
+        options.append("--deploy tensorrt|inductor (casts fuse)" if cli else 'backend="inductor" (casts fuse)')
+    if ctx.objective != "memory":
+        options.append("--objective memory" if cli else 'objective="memory"')
+    return ", ".join(options)
 
 
 def _dim_advice(graph: PrecisionGraph) -> str:

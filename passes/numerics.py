@@ -42,6 +42,10 @@ every op reading or writing a flagged value through a unit port in FP32):
    stay finite. The report lists each one (``summary["saturated_constants"]``). An op whose
    scalar argument is such a fill (FX: ``scalar_tensor``, ``masked_fill``, ``full`` of
    ``finfo.min``) is not forbidden the low dtype either; the FX emitter writes the argument clamped.
+   Nor is a calibrated activation (rule 3) that such a fill flows into and that reaches only
+   Softmax inputs: calibration ran the FP32 model with the fill unclamped (3.4e38 in a dynamo
+   GPT-NeoX's mask), which the converted model never holds; with ``--calibrate`` GPT-NeoX,
+   StableLM and Speech2Text were planned all FP32.
 11. A product with a tiny constant factor (a GEMM/conv weight or a Mul scale whose max |c| times
    sqrt of the terms summed lies below the dtype's smallest normal) writes values that O(1)
    activations leave below it too; that magnitude is followed forward (data movement, Relu,
@@ -99,6 +103,7 @@ class NumericsPass(Pass):
         tensors: dict[str, str] = {}
         ops: dict[str, str] = {}
         saturated: dict[str, str] = {}
+        calibrated: dict[str, str] = {}
         for t in graph.tensors.values():  # 1, 3, 6, 10
             why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
             if why and t.origin in ("initializer", "constant") and t.stats.max_abs > rng.max and \
@@ -107,9 +112,10 @@ class NumericsPass(Pass):
                 saturated[t.name] = (f"{t.origin} {t.name} (max |w| = {t.stats.max_abs:.3g}) only masks softmax "
                                      f"inputs: stored as +-{t.saturate_to:.5g}, {label}'s largest power of two: "
                                      f"scores added to it stay finite, and a fully masked row uniform as in FP32")
-            why = why or calibrated_reason(t, rng, label, ctx.calibration_margin)
             if why:
                 tensors[t.name] = why
+            elif why := calibrated_reason(t, rng, label, ctx.calibration_margin):
+                calibrated[t.name] = why
         for op in graph.ops.values():
             big = next((s for s in op.scalars if abs(s) != float("inf") and abs(s) > rng.max), None)
             if big is not None:  # 2
@@ -124,6 +130,11 @@ class NumericsPass(Pass):
                 for out in op.outputs:
                     if out:
                         tensors.setdefault(out, ops[op.name])
+        masked = dict.fromkeys(saturated, "")  # 3 and 10: what a stored-clamped fill flows into
+        _follow_value_flow(graph, masked)
+        for name, why in calibrated.items():
+            if name not in masked or not mask_sentinel(graph, name):
+                tensors.setdefault(name, why)
         for name in qdq_members(graph):  # 4
             ops.setdefault(name, QDQ_KEEP)
         for name, why in trig_chains(graph, rng, label).items():  # 7

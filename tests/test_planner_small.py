@@ -151,3 +151,17 @@ def test_why_counts_casts_and_the_ops_they_border_apart():
     m = model(nodes, [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 8, 8)], inits)
     why = convert_onnx(m)[1].summary["fp32_tensor_core_why"]
     assert "whatever the plan: 2 casts at 1 Exp" in why, why
+
+
+@pytest.mark.parametrize("deploy", ["tensorrt", "inductor"])
+def test_the_advice_names_only_options_not_in_effect(deploy):
+    """A YOLOS's patch embedding reads the FP32 image under --deploy tensorrt and stays FP32 by
+    cost; the advice was to pass --deploy tensorrt|inductor, already given. Under a runtime that
+    fuses casts only the objective is left to suggest."""
+    nodes = [helper.make_node("Conv", ["x", "W"], ["y"], name="patch", strides=[16, 16])]
+    m = model(nodes, [fin("x", 8, 3, 64, 64)], [fin("y", 8, 32, 4, 4)], [weight("W", 32, 3, 16, 16)])
+    _, eager = convert_onnx(m, deploy="eager")
+    assert "--deploy tensorrt|inductor (casts fuse), --objective memory" in eager.summary["fp32_tensor_core_why"]
+    _, fused = convert_onnx(m, deploy=deploy)
+    why = fused.summary["fp32_tensor_core_why"]
+    assert "FP32 by cost" in why and why.splitlines()[-1] == "would change it: --objective memory"

@@ -41,6 +41,31 @@ def test_a_reshaped_tensor_is_sized_by_the_inputs_dims():
     assert default["gemm_flops"] == 2 * (8 * 8) * 64 * 1024
 
 
+def _weight_normed_projection():
+    """``_flattened_projection`` whose weight is weight-normed in the graph, as a TorchScript export
+    writes wav2vec2's positional conv: ``g * V / ReduceL2(V, axes)``, the axes an input (opset 18)."""
+    m = _flattened_projection()
+    m.graph.initializer.remove(next(t for t in m.graph.initializer if t.name == "W"))
+    nodes = [helper.make_node("Constant", [], ["axes"], name="axes",
+                              value=helper.make_tensor("axes_value", TensorProto.INT64, [1], [0])),
+             helper.make_node("ReduceL2", ["V", "axes"], ["norm"], name="norm", keepdims=1),
+             helper.make_node("Div", ["V", "norm"], ["unit"], name="direction"),
+             helper.make_node("Mul", ["unit", "g"], ["W"], name="scale")]
+    for i, node in enumerate(nodes):
+        m.graph.node.insert(i, node)
+    m.graph.initializer.extend([weight("V", 64, 1024), weight("g", 1, 1024)])
+    return m
+
+
+def test_weights_computed_in_the_graph_do_not_stop_relating_dims():
+    """ONNX Runtime's symbolic inference cannot shape the opset-18 ReduceL2 and gave up on the whole
+    graph: a wav2vec2 exported with ``dynamo=False`` was planned with every frame dim sized 8 (12
+    MFLOP instead of 246) and kept FP32. Values computed from the weights alone enter its copy of
+    the graph as shaped inputs."""
+    summary = convert_onnx(_weight_normed_projection(), dim_values={"batch": 4, "seq": 512})[1].summary
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * 1024
+
+
 def test_a_declared_dim_named_apart_from_the_inputs_takes_the_related_one():
     """The TorchScript exporter declares value_info with dims of its own naming (``Reshape_out_dim_0``)."""
     m = _flattened_projection()

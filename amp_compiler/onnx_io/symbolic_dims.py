@@ -96,6 +96,7 @@ def _shape_model(light: ModelProto) -> ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(shaped)
+    graph.input.extend(_weight_values(graph, {t.name for t in graph.initializer} | stripped))
     # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
     # exporter-named dims) would pass for a result, and the emitted file carries these shapes
     del graph.value_info[:]
@@ -103,6 +104,36 @@ def _shape_model(light: ModelProto) -> ModelProto:
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
     return model
+
+
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+
+def _weight_values(graph, constants: set[str]) -> list[ValueInfoProto]:
+    """Float values computed from the weights alone (a TorchScript export's weight norm: ``ReduceL2``
+    over the weight, ``Div``, ``Mul``), taken out of ``graph`` and returned as inputs of the static
+    shapes onnx's inference gave them. ONNX Runtime's inference cannot shape an opset-18 reduction
+    whose axes are an input, then fails on the whole graph, and every dim a wav2vec2 exported with
+    ``dynamo=False`` derives from its samples stayed a made-up symbol sized 8. Integer values stay
+    computed: their data (shapes, axes) is what that inference reads."""
+    static = {vi.name: vi for vi in graph.value_info if vi.type.tensor_type.elem_type in _FLOATS
+              and vi.type.tensor_type.HasField("shape")
+              and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
+    known = set(constants)
+    kept, values = [], []
+    for node in graph.node:
+        inputs = [i for i in node.input if i]
+        from_weights = node.op_type == "Constant" or (inputs and all(i in known for i in inputs))
+        if from_weights:
+            known.update(node.output)
+        if from_weights and node.op_type != "Constant" and all(o in static for o in node.output):
+            values.extend(static[o] for o in node.output)
+        else:
+            kept.append(node)
+    if values:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return values
 
 
 def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[str]) -> bool:
