@@ -352,7 +352,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
-    called with (none, for a forward that needs arguments: the first call is the example, as
+    called with (none: the first call is the example, as
     with ``torch.compile``); their shapes size the cost model; a dim that takes a second size gets one
     symbolic plan, sized by the largest sizes seen, which later sizes share (a serving loop's lengths, a
     decode loop's steps), on either capture route; calls no plan takes get plans of their own
@@ -388,7 +388,9 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     source = type(model).__name__
     options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
     capture = functools.partial(_capture, model, opts, source, dynamic_shapes, max_plans, training)
-    if not args and not kwargs and not _binds(model, (), {}):  # torch.compile(model)'s habit: plan on first call
+    # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
+    # as a transformers model's have: an empty call is not what the model is called with)
+    if not args and not kwargs:
         return AmpModule(model, _FirstCall(model, capture), model.training, source, options)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"

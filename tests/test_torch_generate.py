@@ -99,3 +99,15 @@ def test_the_model_s_data_attributes_read_through_and_its_methods_point_to_the_m
     with pytest.raises(AttributeError, match="no attribute 'nonexistent' \\(nor has the GPT2LMHeadModel"):
         amp.nonexistent
     assert not hasattr(amp, "nonexistent")
+
+
+def test_compiled_without_an_example_a_transformers_model_plans_on_generates_first_call():
+    """``compile(model)`` then ``generate``: every forward argument of a transformers model has a default,
+    so the empty call had been captured at compile time and failed ("exactly one of input_ids")."""
+    model = _llama()
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model)
+    assert amp.plans == 0
+    out = _greedy(amp, ids)
+    assert torch.equal(out, _greedy(model, ids))
+    assert amp.plans >= 1 and amp.report is not None
