@@ -397,24 +397,25 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
                         f"{_signature(model)} ({_bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
-    route, plan = capture(args, kwargs)
+    route, plan, _ = capture(args, kwargs)
     amp = AmpModule(model, route, model.training, source, options)
     amp.__dict__["_last"] = plan
     return amp
 
 
 def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, max_plans: int, training: bool,
-             args: tuple, kwargs: dict) -> tuple[Any, Plan]:
+             args: tuple, kwargs: dict) -> tuple[Any, Plan, tuple]:
     """The route that captures ``model`` called with ``args``/``kwargs`` (torch.export's, else
-    dynamo's) and the plan of that call; one ``ConversionError`` when neither captures it."""
+    dynamo's), the plan of that call and ``(output,)`` if capturing ran the call (dynamo's), else
+    ``()``; one ``ConversionError`` when neither captures it."""
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        return route, route.first(args, kwargs)
+        return route, route.first(args, kwargs), ()
     except ConversionError as export_error:
         if dynamic_shapes is not None:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
         route = _DynamoRoute(model, opts, source, max_plans)
-        return route, _dynamo_or_raise(route, model, args, kwargs, export_error, training)
+        return route, *_dynamo_or_raise(route, model, args, kwargs, export_error, training)
 
 
 class _FirstCall:
@@ -423,7 +424,7 @@ class _FirstCall:
 
     name = "not captured yet (plans on its first call)"
 
-    def __init__(self, model: torch.nn.Module, capture: Callable[[tuple, dict], tuple[Any, Plan]]) -> None:
+    def __init__(self, model: torch.nn.Module, capture: Callable[[tuple, dict], tuple[Any, Plan, tuple]]) -> None:
         self.model, self.capture, self.route = model, capture, None
 
     @property
@@ -433,8 +434,9 @@ class _FirstCall:
     def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         if not _binds(self.model, args, kwargs):  # the model's own TypeError, not a capture failure
             return None, self.model(*args, **kwargs)
-        self.route, _ = self.capture(args, kwargs)
-        return self.route.call(args, kwargs)
+        self.route, plan, ran = self.capture(args, kwargs)
+        # dynamo's capture ran the call: running it again would repeat its side effects (a cache appended twice)
+        return (plan, ran[0]) if ran else self.route.call(args, kwargs)
 
 
 def _binds(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
@@ -478,13 +480,14 @@ def _grad_mode(training: bool):
 
 
 def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
-                     export_error: ConversionError, training: bool) -> Plan:
-    """The dynamo route's plan of the example call (run once to compile), or one error naming module and construct."""
+                     export_error: ConversionError, training: bool) -> tuple[Plan, tuple]:
+    """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
+    naming module and construct."""
     try:
         with _grad_mode(training):
-            plan, _ = route.call(args, kwargs)
+            plan, out = route.call(args, kwargs)
         if plan.report is not None:
-            return plan
+            return plan, (out,)
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
     except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
         inner = exc
