@@ -52,6 +52,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, fai
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.model_checks import bind_error, signature, warn_if_low_precision
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
@@ -377,6 +378,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     if max_plans < 1:
         raise ValueError(f"max_plans must be >= 1, got {max_plans}")
     low = normalize_low_dtype(str(dtype))
+    warn_if_low_precision(model, "compile")
     training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
@@ -394,7 +396,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
         return AmpModule(model, _FirstCall(model, capture), model.training, source, options)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
-                        f"{_signature(model)} ({_bind_error(model, args, kwargs)}); pass what the model is "
+                        f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
     route, plan, _ = capture(args, kwargs)
@@ -440,24 +442,7 @@ class _FirstCall:
 
 
 def _binds(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    return _bind_error(model, args, kwargs) is None
-
-
-def _bind_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
-    try:
-        inspect.signature(model.forward).bind(*args, **kwargs)
-    except TypeError as exc:
-        return str(exc)
-    except ValueError:  # no signature to read (a builtin forward): the capture will say
-        return None
-    return None
-
-
-def _signature(model: torch.nn.Module) -> str:
-    try:
-        return str(inspect.signature(model.forward))
-    except ValueError:
-        return "(...)"
+    return bind_error(model, args, kwargs) is None
 
 
 class _PlannedOnFirstCall:

@@ -22,6 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
+from .fx_io.model_checks import warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 
@@ -302,6 +303,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     if bad:
         raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads)
+    warn_if_low_precision(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                         deny_propagation=deny_propagation)
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -207,6 +207,15 @@ def test_unsupported_optimizer_is_a_clear_error_up_front():
         _fp32_step(model, torch.optim.SparseAdam(model.parameters()))
 
 
+def test_a_model_moved_to_half_precision_before_compiling_is_warned_about():
+    """``model.half()`` first: the step kept FP16 master weights and optimizer and said nothing."""
+    model = _mlp().half()
+    x, y = _batch()
+    with pytest.warns(UserWarning, match=r"compile_training\(Sequential\): 4 of 4 floating parameters are "
+                                         r"torch.float16.*call model.float\(\)"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x.half(), y))
+
+
 def test_non_scalar_loss_is_a_clear_error_before_any_state_changes():
     model = _mlp()
     before = [p.detach().clone() for p in model.parameters()]
