@@ -6,7 +6,7 @@ the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step 
 functionally — ``functional_call`` forward, ``autograd.grad`` backward seeded with
 ``loss / N * scale``, the optimizer's own traced update (``optim.trace_update``) — and traced
 with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
-optimizer-state tensors, one lr per group, scale, growth tracker, accumulated gradients (if
+optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
 any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
 or the new parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and,
 with ``keep_grads``, the unscaled gradients (updating variant).
@@ -83,7 +83,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         opt_gm, variant.state_out = fopt.trace_update(setup.optimizer, trainable, states, setup.group_sizes)
         update_fn = fopt.graph_callable(opt_gm)
     n_s = sum(len(k) for k in variant.state_in.keys)
-    n_l = len(setup.group_sizes)
+    n_l = len(fopt.hyper_tensors(setup.optimizer))
     fp32 = variant.fp32_nodes
     config, n_acc = setup.config, setup.accumulation_steps
 
@@ -133,7 +133,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
 
     example = [*trainable, *(params[n] for n in setup.frozen), *(buffers[n] for n in setup.buffers),
                *(s[k] for s, keys in zip(states, variant.state_in.keys) for k in keys),
-               *fopt.lr_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
+               *fopt.hyper_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
     example = [t.detach() for t in example]
     try:
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable

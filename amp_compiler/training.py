@@ -116,7 +116,7 @@ class TrainStep:
                 *(self._params[n].detach() for n in self.setup.frozen),
                 *(self._buffers[n] for n in self.setup.buffers),
                 *(s[k] for s, keys in zip(states, v.state_in.keys) for k in keys),
-                *fopt.lr_tensors(self.optimizer, self._device), self._scale, self._tracker,
+                *fopt.hyper_tensors(self.optimizer, self._device), self._scale, self._tracker,
                 *(self._acc if v.has_acc else []), *batch]
 
     # -- captures -------------------------------------------------------------------------------
@@ -161,9 +161,7 @@ class TrainStep:
             raise ValueError("compile_training: which parameters require grad changed since compiling; "
                              "compile the step again")
         if len(self._captures) >= self.max_captures:
-            raise ConversionError("compile_training", f"batch shapes {[tuple(t.shape) for t in batch]}",
-                                  f"would be capture {len(self._captures) + 1} of at most max_captures="
-                                  f"{self.max_captures}: pad or bucket the shapes, or raise max_captures")
+            raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
         seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family]
         shapes = tuple(tuple(t.shape) for t in batch)
@@ -196,6 +194,22 @@ class TrainStep:
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
+
+    def _why_new_capture(self, key: tuple, batch: tuple) -> tuple[str, str]:
+        """``(where, reason)`` of the error when ``key`` would be one capture too many: the optimizer's
+        baked hyper-parameters if only they differ from a capture's (a scheduler cycling momentum), else
+        the batch shapes."""
+        limit = f"would be capture {len(self._captures) + 1} of at most max_captures={self.max_captures}"
+        for k in self._captures:
+            if k[:3] == key[:3] and k[5:] == key[5:] and k[4] != key[4] and k[4] is not None:
+                changed = sorted({name for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new)
+                                  if a != b})
+                return (f"optimizer {type(self.optimizer).__name__}",
+                        f"its hyper-parameters {changed} changed since a capture (each value is a constant of the "
+                        f"graph): {limit}; if a scheduler cycles them (OneCycleLR, CyclicLR), pass it "
+                        f"cycle_momentum=False, or raise max_captures")
+        return (f"batch shapes {[tuple(t.shape) for t in batch]}",
+                f"{limit}: pad or bucket the shapes, or raise max_captures")
 
     def _warn_if_fp32(self, report) -> None:
         summary = report.summary

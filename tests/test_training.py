@@ -178,6 +178,39 @@ def test_scheduler_steps_without_warning_and_param_groups_keep_their_hyper_param
     assert len(step.captures) == 2  # six learning rates, no re-capture
 
 
+def test_one_cycle_lr_cycling_adamw_betas_keeps_one_capture_and_matches_eager():
+    """OneCycleLR cycles betas[0] with the lr at every step: baked as constants they made a capture per
+    step, and the 9th step failed at max_captures naming the (unchanged) batch shapes."""
+    eager, captured = _mlp(), _mlp()
+    opt_eager, opt_captured = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, captured))
+    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=12)
+                                   for o in (opt_eager, opt_captured))
+    step = _fp32_step(captured, opt_captured)
+    for i in range(10):
+        x, y = _batch(seed=i)
+        _eager_step(eager, opt_eager, x, y)
+        step(x, y)
+        sched_eager.step()
+        sched_captured.step()
+    assert opt_captured.param_groups[0]["betas"][0] != 0.95  # the scheduler did cycle it
+    assert len(step.captures) <= 2  # the first step creates the optimizer state: a second layout
+    _assert_same_params(captured, eager, rtol=1e-4, atol=1e-6)
+
+
+def test_a_hyper_parameter_changing_every_step_names_itself_at_max_captures():
+    """SGD's momentum is still a graph constant: OneCycleLR cycling it is a capture per step, and the
+    error at max_captures said "pad or bucket the shapes" of a batch whose shapes never changed."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    step = _fp32_step(model, opt, max_captures=3)
+    with pytest.raises(ConversionError, match=r"optimizer SGD: its hyper-parameters \['momentum'\] changed.*"
+                                              r"cycle_momentum=False"):
+        for _ in range(4):
+            step(*_batch())
+            sched.step()
+
+
 def test_eval_mode_is_respected():
     def model():
         torch.manual_seed(0)
