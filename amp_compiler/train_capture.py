@@ -3,8 +3,8 @@
 A variant is fixed by the batch shapes, whether it applies the update (the last micro-batch)
 or only accumulates gradients, the optimizer's state layout and baked hyper-parameters, and
 the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
-functionally — ``functional_call`` forward, ``autograd.grad`` backward seeded with
-``loss / N * scale``, the optimizer's own traced update (``optim.trace_update``) — and traced
+functionally — forward and ``autograd.grad`` backward (seeded with ``loss / N * scale``) under
+one reparametrisation by the step's parameters (a gradient checkpoint's recompute sees them), the optimizer's own traced update (``optim.trace_update``) — and traced
 with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
 optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
 any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import loss_scale as ls
 from . import optim as fopt
+from torch.nn.utils.stateless import _reparametrize_module as reparametrized
 from .errors import ConversionError
 
 
@@ -100,13 +101,16 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         inputs, targets = data[:len(data) - setup.n_targets], data[len(data) - setup.n_targets:]
         p_req = [t.detach().requires_grad_(True) for t in p]
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
-        loss = setup.loss_fn(torch.func.functional_call(setup.model, named, tuple(inputs)), *targets)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
-        with ls.fp32_ops(fp32):
-            seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
-        grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
+        # forward and backward both see the step's parameters: a gradient checkpoint recomputes its segment
+        # during the backward, after functional_call would have put the module's own back (architecture.md, "Training")
+        with reparametrized(setup.model, named, tie_weights=True):
+            loss = setup.loss_fn(setup.model(*inputs), *targets)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
+            with ls.fp32_ops(fp32):
+                seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
+            grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
         grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
         if prev is not None:
             grads = [a + g for a, g in zip(prev, grads)]

@@ -254,3 +254,31 @@ def test_a_symbolic_trace_that_fails_falls_back_to_static_captures(monkeypatch):
         run()
     _close(eager, captured, rtol=1e-4, atol=1e-5)
     assert len(tries) == 1 and len(step.captures) == 4  # one symbolic try, then one static capture per length
+
+
+class _Checkpointed(torch.nn.Module):
+    """A first layer under ``torch.utils.checkpoint`` (what ``gradient_checkpointing_enable`` does per layer)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):  # non-reentrant, as transformers' gradient_checkpointing_enable() by default
+        return self.b(torch.utils.checkpoint.checkpoint(lambda t: torch.relu(self.a(t)), x, use_reentrant=False))
+
+
+def test_gradient_checkpointing_is_captured_with_its_recompute_and_matches_eager():
+    """The checkpoint recomputes its segment during the backward, after ``functional_call`` had put the
+    module's own parameters back: the trace met real parameters and failed ("convert all Tensors to
+    FakeTensors")."""
+    eager, captured = _Checkpointed(), _Checkpointed()
+    opt_eager, opt_captured = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, captured))
+    step = _compile(captured, opt_captured, _data())
+    for seed in range(3):
+        x, y = _data(seed=seed)
+        _eager_step(eager, opt_eager, x, y)
+        step(x, y)
+    _close(captured, eager)
+    first = [n for n in step.graph_module.graph.nodes if n.target is torch.ops.aten.addmm.default]
+    assert len(first) == 3  # a, b and a again: the checkpointed segment is recomputed in the graph
