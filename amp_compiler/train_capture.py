@@ -4,7 +4,8 @@ A variant is fixed by the batch shapes, whether it applies the update (the last 
 or only accumulates gradients, the optimizer's state layout and baked hyper-parameters, and
 the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
 functionally — forward and ``autograd.grad`` backward (seeded with ``loss / N * scale``) under
-one reparametrisation by the step's parameters (a gradient checkpoint's recompute sees them), the optimizer's own traced update (``optim.trace_update``) — and traced
+one reparametrisation by the step's parameters (a gradient checkpoint's recompute sees them),
+the optimizer's own traced update (``optim.trace_update``) — and traced
 with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
 optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
 any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
