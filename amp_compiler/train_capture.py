@@ -57,6 +57,7 @@ class Setup:
     keep_grads: bool = False
     all_reduce: Callable | None = None  # DDP: sums gradients over ranks inside the step
     trainable_order: tuple[str, ...] = ()  # the names that required grad when compiled (model order)
+    max_grad_value: float | None = None  # clip_grad_value_'s bound, applied before max_grad_norm
 
     def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
@@ -123,6 +124,8 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                 grads = setup.all_reduce(grads)
             grads = [g * (1.0 / scale) for g in grads]
             overflow = ls.found_inf(grads) if config.mode != "none" else scale.new_zeros((), dtype=torch.bool)
+            if setup.max_grad_value is not None:  # after found_inf: a clamped inf would hide the overflow
+                grads = [g.clamp(-setup.max_grad_value, setup.max_grad_value) for g in grads]
             if setup.max_grad_norm is not None:
                 grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
             else:

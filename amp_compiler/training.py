@@ -255,7 +255,8 @@ class TrainStep:
         self._skipped = state["skipped_steps"].clone()
 
 
-def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads) -> Setup:
+def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
+           max_grad_value=None) -> Setup:
     """Validate the model/optimizer pair and fix the parameter order (the optimizer's groups)."""
     from .train_ddp import unwrap
 
@@ -263,8 +264,9 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     fopt.check(optimizer)
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
         raise ValueError(f"compile_training: accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"compile_training: max_grad_norm must be > 0, got {max_grad_norm!r}")
+    for name, bound in (("max_grad_norm", max_grad_norm), ("max_grad_value", max_grad_value)):
+        if bound is not None and not bound > 0:
+            raise ValueError(f"compile_training: {name} must be > 0, got {bound!r}")
     params = dict(model.named_parameters())
     name_of = {id(p): n for n, p in params.items()}
     trainable, sizes = [], []
@@ -280,7 +282,7 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     frozen = [n for n, p in params.items() if not p.requires_grad]
     return Setup(model, loss_fn, optimizer, config, trainable, frozen, [n for n, _ in model.named_buffers()],
                  sizes, n_targets, accumulation_steps, max_grad_norm, keep_grads, all_reduce,
-                 tuple(n for n, p in params.items() if p.requires_grad))
+                 tuple(n for n, p in params.items() if p.requires_grad), max_grad_value)
 
 
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
@@ -290,7 +292,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
-                     max_captures: int = 8) -> TrainStep:
+                     max_captures: int = 8, max_grad_value: float | None = None) -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
@@ -300,7 +302,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
     each call is a micro-batch of the loss divided by N, the N-th call updates.
-    ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``); ``keep_grads`` writes
+    ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``), ``max_grad_value`` clamps
+    them first (``clip_grad_value_``: calling it after the step would clip nothing); ``keep_grads`` writes
     them to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
     and that capture serves its later sizes; captures are at most ``max_captures``.
     ``step.report`` is the per-op report of the last graph run.
@@ -316,7 +319,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     bad = [type(t).__name__ for t in example_batch if not isinstance(t, torch.Tensor)]
     if bad:
         raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
-    setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads)
+    setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
+                   max_grad_value)
     warn_if_low_precision(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                         deny_propagation=deny_propagation)

@@ -84,6 +84,28 @@ def test_clipping_matches_unscale_then_clip_grad_norm_and_gradients_are_visible(
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)  # the clipped, unscaled gradients
 
 
+def test_max_grad_value_matches_unscale_then_clip_grad_value():
+    """``clip_grad_value_`` had no place in the captured step (called after it, it clips nothing)."""
+    eager, captured = _mlp(), _mlp()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.5)
+    x, y = _data()
+    step = _compile(captured, torch.optim.SGD(captured.parameters(), lr=0.5), (x, y), max_grad_value=0.01,
+                    keep_grads=True)
+    for _ in range(3):
+        opt_e.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        clipped = sum(int((p.grad.abs() > 0.01).sum()) for p in eager.parameters())
+        torch.nn.utils.clip_grad_value_(eager.parameters(), 0.01)
+        opt_e.step()
+        step(x, y)
+    assert clipped > 0  # clipping was active
+    _close(eager, captured)
+    assert max(float(g.abs().max()) for g in step.grads().values()) <= 0.01
+    model = _mlp()
+    with pytest.raises(ValueError, match="max_grad_value must be > 0"):
+        _compile(model, torch.optim.SGD(model.parameters(), lr=0.5), (x, y), max_grad_value=0)
+
+
 def test_accumulation_updates_on_the_nth_call_like_eager_accumulation_of_loss_over_n():
     eager, captured = _mlp(), _mlp()
     opt_e = torch.optim.Adam(eager.parameters(), lr=1e-2)
