@@ -62,6 +62,7 @@ class TrainStep:
         self._taken: dict[tuple, _Capture] = {}  # keys a symbolic capture took (not captures of their own)
         self._static_only: set[tuple] = set()  # families whose symbolic trace failed
         self._warned_fp32 = False
+        self._warned_hypers = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
@@ -178,6 +179,11 @@ class TrainStep:
             # the symbolic trace failed (a model that branches on those sizes): static captures, as before
             self._static_only.add(family)
             traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch)
+        changed = self._changed_hypers(key)
+        if changed and not self._warned_hypers:  # once: a scheduler cycling them re-captures every step
+            self._warned_hypers = True
+            warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1}: "
+                          f"{self._hyper_advice(changed)}", stacklevel=4)
         if new_shape:
             symbolic = (f"; batch dims {sorted(traced.symbols)} traced symbolic, so later sizes reuse it"
                         if traced.symbols else "")
@@ -195,19 +201,28 @@ class TrainStep:
         self._warn_if_fp32(report)
         return cap
 
+    def _changed_hypers(self, key: tuple) -> list[str]:
+        """The optimizer hyper-parameters (graph constants) that alone tell ``key`` from a capture's."""
+        for k in self._captures:
+            if k[:4] == key[:4] and k[5:] == key[5:] and k[4] != key[4] and k[4] is not None:
+                return sorted({name for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new)
+                               if a != b})
+        return []
+
+    def _hyper_advice(self, changed: list[str]) -> str:
+        return (f"optimizer {type(self.optimizer).__name__}'s hyper-parameters {changed} changed since a capture "
+                f"(each value is a constant of the graph): if a scheduler cycles them (OneCycleLR, CyclicLR), "
+                f"pass it cycle_momentum=False")
+
     def _why_new_capture(self, key: tuple, batch: tuple) -> tuple[str, str]:
         """``(where, reason)`` of the error when ``key`` would be one capture too many: the optimizer's
         baked hyper-parameters if only they differ from a capture's (a scheduler cycling momentum), else
         the batch shapes."""
         limit = f"would be capture {len(self._captures) + 1} of at most max_captures={self.max_captures}"
-        for k in self._captures:
-            if k[:3] == key[:3] and k[5:] == key[5:] and k[4] != key[4] and k[4] is not None:
-                changed = sorted({name for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new)
-                                  if a != b})
-                return (f"optimizer {type(self.optimizer).__name__}",
-                        f"its hyper-parameters {changed} changed since a capture (each value is a constant of the "
-                        f"graph): {limit}; if a scheduler cycles them (OneCycleLR, CyclicLR), pass it "
-                        f"cycle_momentum=False, or raise max_captures")
+        changed = self._changed_hypers(key)
+        if changed:
+            return (f"optimizer {type(self.optimizer).__name__}",
+                    f"{limit}: {self._hyper_advice(changed)}, or raise max_captures")
         return (f"batch shapes {[tuple(t.shape) for t in batch]}",
                 f"{limit}: pad or bucket the shapes, or raise max_captures")
 
