@@ -141,7 +141,8 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
 
     example = [*trainable, *(params[n] for n in setup.frozen), *(buffers[n] for n in setup.buffers),
                *(s[k] for s, keys in zip(states, variant.state_in.keys) for k in keys),
-               *fopt.hyper_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
+               *fopt.hyper_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []),
+               *batch]
     example = [t.detach() for t in example]
     try:
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable
