@@ -27,9 +27,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .errors import ConversionError
 
 #: optimizers that cannot be one graph: LBFGS re-evaluates the loss through a closure,
-#: SparseAdam needs sparse gradients
+#: SparseAdam needs sparse gradients, Adafactor branches on values read back to the host
 UNSUPPORTED = {"LBFGS": "needs a closure that re-evaluates the loss several times per step",
-               "SparseAdam": "needs sparse gradients, the step's gradients are dense"}
+               "SparseAdam": "needs sparse gradients, the step's gradients are dense",
+               # its trace failed deep in make_fx: "Could not guard on data-dependent expression Eq(u0, 1)"
+               "Adafactor": "reads its step count and parameter/update norms as Python numbers (.item()) and "
+                            "takes min/max of them at every step, which one graph cannot hold"}
 _FORCED = {"foreach": False, "fused": False}
 _VOLATILE = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
 #: hyper-parameters passed as graph inputs, after each group's lr (schedulers change them every step)

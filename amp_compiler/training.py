@@ -312,7 +312,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
     ``loss_fn(model(*inputs), *targets)`` (a scalar). ``optimizer`` is any ``torch.optim``
-    optimizer but LBFGS/SparseAdam; its own update is traced, its lr read at every step and
+    optimizer but LBFGS/SparseAdam/Adafactor; its own update is traced, its lr read at every step and
     its state kept in ``optimizer.state``. ``model`` may be wrapped in DistributedDataParallel.
     Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:

@@ -242,6 +242,8 @@ def test_unsupported_optimizer_is_a_clear_error_up_front():
     assert not lbfgs.state
     with pytest.raises(ConversionError, match="optimizer SparseAdam: not supported: it needs sparse gradients"):
         _fp32_step(model, torch.optim.SparseAdam(model.parameters()))
+    with pytest.raises(ConversionError, match=r"optimizer Adafactor: not supported: it reads its step count"):
+        _fp32_step(model, torch.optim.Adafactor(model.parameters()))
 
 
 def test_a_model_moved_to_half_precision_before_compiling_is_warned_about():
