@@ -8,8 +8,10 @@ the optimizer has it (step counts stay tensors), under ``torch.compiler``'s comp
 turns its in-place updates into a pure graph. Each group's learning rate is a graph input
 (a 0-d FP32 tensor, so schedulers never force a re-capture); where an optimizer uses it as
 a Python scalar (``alpha=-lr``) the traced ``_local_scalar_dense`` is rewritten into tensor
-arithmetic, so the graph never synchronises with the host. Every other hyper-parameter is a
-constant of the graph and part of the capture key (training.py re-captures when one changes).
+arithmetic, so the graph never synchronises with the host. ``betas`` are graph inputs too (two
+0-d tensors per group): ``OneCycleLR``/``CyclicLR`` cycle ``betas[0]`` with the lr at every step,
+and as constants they were a new capture per step. Every other hyper-parameter is a constant
+of the graph and part of the capture key (training.py re-captures when one changes).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .errors import ConversionError
 
 #: optimizers that cannot be one graph: LBFGS re-evaluates the loss through a closure,
-#: SparseAdam needs sparse gradients
+#: SparseAdam needs sparse gradients, Adafactor branches on values read back to the host
 UNSUPPORTED = {"LBFGS": "needs a closure that re-evaluates the loss several times per step",
-               "SparseAdam": "needs sparse gradients, the step's gradients are dense"}
+               "SparseAdam": "needs sparse gradients, the step's gradients are dense",
+               # its trace failed deep in make_fx: "Could not guard on data-dependent expression Eq(u0, 1)"
+               "Adafactor": "reads its step count and parameter/update norms as Python numbers (.item()) and "
+                            "takes min/max of them at every step, which one graph cannot hold"}
 _FORCED = {"foreach": False, "fused": False}
 _VOLATILE = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
+#: hyper-parameters passed as graph inputs, after each group's lr (schedulers change them every step)
+_RUNTIME = ("betas",)
 
 
 def check(optimizer: Any) -> None:
@@ -49,14 +56,29 @@ def check(optimizer: Any) -> None:
 
 def hyper_key(optimizer: torch.optim.Optimizer) -> tuple:
     """The hyper-parameters baked into the graph as constants (everything but lr and the flags)."""
-    return tuple(tuple((k, _hashable(v)) for k, v in sorted(g.items()) if k not in _VOLATILE)
+    return tuple(tuple((k, _hashable(v)) for k, v in sorted(g.items())
+                       if k not in _VOLATILE and not (k in _RUNTIME and _runtime(v)))
                  for g in optimizer.param_groups)
 
 
-def lr_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> list[torch.Tensor]:
-    """One 0-d FP32 tensor per param group, on the parameters' device."""
-    return [torch.as_tensor(g["lr"], dtype=torch.float32, device=device).detach().clone().reshape(())
-            for g in optimizer.param_groups]
+def _runtime(value: Any) -> bool:
+    """A ``_RUNTIME`` hyper-parameter passed as graph inputs: a tuple of numbers (or 0-d tensors)."""
+    return isinstance(value, (tuple, list)) and all(isinstance(v, (int, float, torch.Tensor)) for v in value)
+
+
+def _group_hypers(group: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(key, how many tensors)`` of a group's graph-input hyper-parameters, lr first."""
+    return [("lr", 0)] + [(k, len(group[k])) for k in _RUNTIME if k in group and _runtime(group[k])]
+
+
+def hyper_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> list[torch.Tensor]:
+    """The graph-input hyper-parameters (``_group_hypers``) as 0-d FP32 tensors, group by group, on the
+    parameters' device."""
+    def scalar(v: Any) -> torch.Tensor:
+        return torch.as_tensor(v, dtype=torch.float32, device=device).detach().clone().reshape(())
+
+    return [scalar(v) for g in optimizer.param_groups for k, n in _group_hypers(g)
+            for v in ((g[k],) if n == 0 else g[k])]
 
 
 def _hashable(v: Any) -> Any:
@@ -116,11 +138,11 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
         for keys, consts in zip(layout_in.keys, layout_in.constants):
             cur.append({**{k: flat[pos + i] for i, k in enumerate(keys)}, **consts})
             pos += len(keys)
-        lrs = flat[pos:]
+        hypers = flat[pos:]
         work = [p.clone() for p in ps]
         for w, g in zip(work, gs):
             w.grad = g
-        with _swapped(optimizer, work, cur, lrs, group_sizes), compiling():
+        with _swapped(optimizer, work, cur, hypers, group_sizes), compiling():
             optimizer.step()
             new_states = [dict(optimizer.state[w]) for w in work]
         layout = state_layout(new_states)
@@ -129,7 +151,7 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
 
     example = [*(p.detach() for p in params), *(torch.zeros_like(p) for p in params),
                *(s[k] for s, keys in zip(states, layout_in.keys) for k in keys),
-               *lr_tensors(optimizer, params[0].device if params else None)]
+               *hyper_tensors(optimizer, params[0].device if params else None)]
     try:
         gm = make_fx(torch.func.functionalize(update, remove="mutations_and_views"), tracing_mode="fake")(example)
     except Exception as exc:
@@ -140,15 +162,15 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
 
 
 @contextlib.contextmanager
-def _swapped(optimizer, work, states, lrs, group_sizes):
-    """The optimizer steps ``work`` (with ``states`` and tensor ``lrs``); everything is restored after."""
+def _swapped(optimizer, work, states, hypers, group_sizes):
+    """The optimizer steps ``work`` (with ``states`` and the tensor ``hypers``); everything is restored after."""
     saved_groups = [dict(g) for g in optimizer.param_groups]
     saved_state = optimizer.state
     optimizer.state = collections.defaultdict(dict)
-    start = 0
-    for group, size, lr in zip(optimizer.param_groups, group_sizes, lrs):
+    start, it = 0, iter(hypers)
+    for group, size in zip(optimizer.param_groups, group_sizes):
         group["params"] = work[start:start + size]
-        group["lr"] = lr
+        group.update({k: next(it) if n == 0 else tuple(next(it) for _ in range(n)) for k, n in _group_hypers(group)})
         group.update({k: v for k, v in _FORCED.items() if k in group})
         if "capturable" in group:
             group["capturable"] = True

@@ -52,6 +52,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, fai
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.model_checks import bind_error, signature, warn_if_low_precision
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
@@ -352,7 +353,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     """Plan and apply mixed precision on ``model``; returns an ``AmpModule`` with ``.report``.
 
     ``example_inputs`` (a tensor or a tuple) and ``example_kwargs`` are what ``model`` is
-    called with (none, for a forward that needs arguments: the first call is the example, as
+    called with (none: the first call is the example, as
     with ``torch.compile``); their shapes size the cost model; a dim that takes a second size gets one
     symbolic plan, sized by the largest sizes seen, which later sizes share (a serving loop's lengths, a
     decode loop's steps), on either capture route; calls no plan takes get plans of their own
@@ -377,6 +378,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     if max_plans < 1:
         raise ValueError(f"max_plans must be >= 1, got {max_plans}")
     low = normalize_low_dtype(str(dtype))
+    warn_if_low_precision(model, "compile")
     training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
@@ -388,31 +390,34 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     source = type(model).__name__
     options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
     capture = functools.partial(_capture, model, opts, source, dynamic_shapes, max_plans, training)
-    if not args and not kwargs and not _binds(model, (), {}):  # torch.compile(model)'s habit: plan on first call
+    # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
+    # as a transformers model's have: an empty call is not what the model is called with)
+    if not args and not kwargs:
         return AmpModule(model, _FirstCall(model, capture), model.training, source, options)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
-                        f"{_signature(model)} ({_bind_error(model, args, kwargs)}); pass what the model is "
+                        f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
-    route, plan = capture(args, kwargs)
+    route, plan, _ = capture(args, kwargs)
     amp = AmpModule(model, route, model.training, source, options)
     amp.__dict__["_last"] = plan
     return amp
 
 
 def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, max_plans: int, training: bool,
-             args: tuple, kwargs: dict) -> tuple[Any, Plan]:
+             args: tuple, kwargs: dict) -> tuple[Any, Plan, tuple]:
     """The route that captures ``model`` called with ``args``/``kwargs`` (torch.export's, else
-    dynamo's) and the plan of that call; one ``ConversionError`` when neither captures it."""
+    dynamo's), the plan of that call and ``(output,)`` if capturing ran the call (dynamo's), else
+    ``()``; one ``ConversionError`` when neither captures it."""
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        return route, route.first(args, kwargs)
+        return route, route.first(args, kwargs), ()
     except ConversionError as export_error:
         if dynamic_shapes is not None:
             raise  # the user asked for torch.export's symbolic shapes: its error is the answer
         route = _DynamoRoute(model, opts, source, max_plans)
-        return route, _dynamo_or_raise(route, model, args, kwargs, export_error, training)
+        return route, *_dynamo_or_raise(route, model, args, kwargs, export_error, training)
 
 
 class _FirstCall:
@@ -421,7 +426,7 @@ class _FirstCall:
 
     name = "not captured yet (plans on its first call)"
 
-    def __init__(self, model: torch.nn.Module, capture: Callable[[tuple, dict], tuple[Any, Plan]]) -> None:
+    def __init__(self, model: torch.nn.Module, capture: Callable[[tuple, dict], tuple[Any, Plan, tuple]]) -> None:
         self.model, self.capture, self.route = model, capture, None
 
     @property
@@ -431,29 +436,13 @@ class _FirstCall:
     def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         if not _binds(self.model, args, kwargs):  # the model's own TypeError, not a capture failure
             return None, self.model(*args, **kwargs)
-        self.route, _ = self.capture(args, kwargs)
-        return self.route.call(args, kwargs)
+        self.route, plan, ran = self.capture(args, kwargs)
+        # dynamo's capture ran the call: running it again would repeat its side effects (a cache appended twice)
+        return (plan, ran[0]) if ran else self.route.call(args, kwargs)
 
 
 def _binds(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    return _bind_error(model, args, kwargs) is None
-
-
-def _bind_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
-    try:
-        inspect.signature(model.forward).bind(*args, **kwargs)
-    except TypeError as exc:
-        return str(exc)
-    except ValueError:  # no signature to read (a builtin forward): the capture will say
-        return None
-    return None
-
-
-def _signature(model: torch.nn.Module) -> str:
-    try:
-        return str(inspect.signature(model.forward))
-    except ValueError:
-        return "(...)"
+    return bind_error(model, args, kwargs) is None
 
 
 class _PlannedOnFirstCall:
@@ -476,13 +465,14 @@ def _grad_mode(training: bool):
 
 
 def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
-                     export_error: ConversionError, training: bool) -> Plan:
-    """The dynamo route's plan of the example call (run once to compile), or one error naming module and construct."""
+                     export_error: ConversionError, training: bool) -> tuple[Plan, tuple]:
+    """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
+    naming module and construct."""
     try:
         with _grad_mode(training):
-            plan, _ = route.call(args, kwargs)
+            plan, out = route.call(args, kwargs)
         if plan.report is not None:
-            return plan
+            return plan, (out,)
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
     except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
         inner = exc

@@ -3,10 +3,11 @@
 A variant is fixed by the batch shapes, whether it applies the update (the last micro-batch)
 or only accumulates gradients, the optimizer's state layout and baked hyper-parameters, and
 the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
-functionally — ``functional_call`` forward, ``autograd.grad`` backward seeded with
-``loss / N * scale``, the optimizer's own traced update (``optim.trace_update``) — and traced
+functionally — forward and ``autograd.grad`` backward (seeded with ``loss / N * scale``) under
+one reparametrisation by the step's parameters (a gradient checkpoint's recompute sees them),
+the optimizer's own traced update (``optim.trace_update``) — and traced
 with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
-optimizer-state tensors, one lr per group, scale, growth tracker, accumulated gradients (if
+optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
 any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
 or the new parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and,
 with ``keep_grads``, the unscaled gradients (updating variant).
@@ -22,6 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import loss_scale as ls
 from . import optim as fopt
+from torch.nn.utils.stateless import _reparametrize_module as reparametrized
 from .errors import ConversionError
 
 
@@ -55,6 +57,7 @@ class Setup:
     keep_grads: bool = False
     all_reduce: Callable | None = None  # DDP: sums gradients over ranks inside the step
     trainable_order: tuple[str, ...] = ()  # the names that required grad when compiled (model order)
+    max_grad_value: float | None = None  # clip_grad_value_'s bound, applied before max_grad_norm
 
     def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
@@ -83,7 +86,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         opt_gm, variant.state_out = fopt.trace_update(setup.optimizer, trainable, states, setup.group_sizes)
         update_fn = fopt.graph_callable(opt_gm)
     n_s = sum(len(k) for k in variant.state_in.keys)
-    n_l = len(setup.group_sizes)
+    n_l = len(fopt.hyper_tensors(setup.optimizer))
     fp32 = variant.fp32_nodes
     config, n_acc = setup.config, setup.accumulation_steps
 
@@ -100,13 +103,16 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         inputs, targets = data[:len(data) - setup.n_targets], data[len(data) - setup.n_targets:]
         p_req = [t.detach().requires_grad_(True) for t in p]
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
-        loss = setup.loss_fn(torch.func.functional_call(setup.model, named, tuple(inputs)), *targets)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
-        with ls.fp32_ops(fp32):
-            seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
-        grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
+        # forward and backward both see the step's parameters: a gradient checkpoint recomputes its segment
+        # during the backward, after functional_call would have put the module's own back (architecture.md, "Training")
+        with reparametrized(setup.model, named, tie_weights=True):
+            loss = setup.loss_fn(setup.model(*inputs), *targets)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
+            with ls.fp32_ops(fp32):
+                seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
+            grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
         grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
         if prev is not None:
             grads = [a + g for a, g in zip(prev, grads)]
@@ -118,6 +124,8 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                 grads = setup.all_reduce(grads)
             grads = [g * (1.0 / scale) for g in grads]
             overflow = ls.found_inf(grads) if config.mode != "none" else scale.new_zeros((), dtype=torch.bool)
+            if setup.max_grad_value is not None:  # after found_inf: a clamped inf would hide the overflow
+                grads = [g.clamp(-setup.max_grad_value, setup.max_grad_value) for g in grads]
             if setup.max_grad_norm is not None:
                 grads, norm = ls.clip_grad_norm(grads, setup.max_grad_norm)
             else:
@@ -133,7 +141,8 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
 
     example = [*trainable, *(params[n] for n in setup.frozen), *(buffers[n] for n in setup.buffers),
                *(s[k] for s, keys in zip(states, variant.state_in.keys) for k in keys),
-               *fopt.lr_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []), *batch]
+               *fopt.hyper_tensors(setup.optimizer, scale.device), scale, tracker, *(acc if variant.has_acc else []),
+               *batch]
     example = [t.detach() for t in example]
     try:
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable

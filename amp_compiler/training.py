@@ -22,6 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
+from .fx_io.model_checks import warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 
@@ -61,6 +62,7 @@ class TrainStep:
         self._taken: dict[tuple, _Capture] = {}  # keys a symbolic capture took (not captures of their own)
         self._static_only: set[tuple] = set()  # families whose symbolic trace failed
         self._warned_fp32 = False
+        self._warned_hypers = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
@@ -115,7 +117,7 @@ class TrainStep:
                 *(self._params[n].detach() for n in self.setup.frozen),
                 *(self._buffers[n] for n in self.setup.buffers),
                 *(s[k] for s, keys in zip(states, v.state_in.keys) for k in keys),
-                *fopt.lr_tensors(self.optimizer, self._device), self._scale, self._tracker,
+                *fopt.hyper_tensors(self.optimizer, self._device), self._scale, self._tracker,
                 *(self._acc if v.has_acc else []), *batch]
 
     # -- captures -------------------------------------------------------------------------------
@@ -160,9 +162,7 @@ class TrainStep:
             raise ValueError("compile_training: which parameters require grad changed since compiling; "
                              "compile the step again")
         if len(self._captures) >= self.max_captures:
-            raise ConversionError("compile_training", f"batch shapes {[tuple(t.shape) for t in batch]}",
-                                  f"would be capture {len(self._captures) + 1} of at most max_captures="
-                                  f"{self.max_captures}: pad or bucket the shapes, or raise max_captures")
+            raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
         seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family]
         shapes = tuple(tuple(t.shape) for t in batch)
@@ -179,6 +179,11 @@ class TrainStep:
             # the symbolic trace failed (a model that branches on those sizes): static captures, as before
             self._static_only.add(family)
             traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch)
+        changed = self._changed_hypers(key)
+        if changed and not self._warned_hypers:  # once: a scheduler cycling them re-captures every step
+            self._warned_hypers = True
+            warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1}: "
+                          f"{self._hyper_advice(changed)}", stacklevel=4)
         if new_shape:
             symbolic = (f"; batch dims {sorted(traced.symbols)} traced symbolic, so later sizes reuse it"
                         if traced.symbols else "")
@@ -195,6 +200,31 @@ class TrainStep:
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
+
+    def _changed_hypers(self, key: tuple) -> list[str]:
+        """The optimizer hyper-parameters (graph constants) that alone tell ``key`` from a capture's."""
+        for k in self._captures:
+            if k[:4] == key[:4] and k[5:] == key[5:] and k[4] != key[4] and k[4] is not None:
+                return sorted({name for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new)
+                               if a != b})
+        return []
+
+    def _hyper_advice(self, changed: list[str]) -> str:
+        return (f"optimizer {type(self.optimizer).__name__}'s hyper-parameters {changed} changed since a capture "
+                f"(each value is a constant of the graph): if a scheduler cycles them (OneCycleLR, CyclicLR), "
+                f"pass it cycle_momentum=False")
+
+    def _why_new_capture(self, key: tuple, batch: tuple) -> tuple[str, str]:
+        """``(where, reason)`` of the error when ``key`` would be one capture too many: the optimizer's
+        baked hyper-parameters if only they differ from a capture's (a scheduler cycling momentum), else
+        the batch shapes."""
+        limit = f"would be capture {len(self._captures) + 1} of at most max_captures={self.max_captures}"
+        changed = self._changed_hypers(key)
+        if changed:
+            return (f"optimizer {type(self.optimizer).__name__}",
+                    f"{limit}: {self._hyper_advice(changed)}, or raise max_captures")
+        return (f"batch shapes {[tuple(t.shape) for t in batch]}",
+                f"{limit}: pad or bucket the shapes, or raise max_captures")
 
     def _warn_if_fp32(self, report) -> None:
         summary = report.summary
@@ -240,7 +270,8 @@ class TrainStep:
         self._skipped = state["skipped_steps"].clone()
 
 
-def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads) -> Setup:
+def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
+           max_grad_value=None) -> Setup:
     """Validate the model/optimizer pair and fix the parameter order (the optimizer's groups)."""
     from .train_ddp import unwrap
 
@@ -248,8 +279,9 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     fopt.check(optimizer)
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
         raise ValueError(f"compile_training: accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"compile_training: max_grad_norm must be > 0, got {max_grad_norm!r}")
+    for name, bound in (("max_grad_norm", max_grad_norm), ("max_grad_value", max_grad_value)):
+        if bound is not None and not bound > 0:
+            raise ValueError(f"compile_training: {name} must be > 0, got {bound!r}")
     params = dict(model.named_parameters())
     name_of = {id(p): n for n, p in params.items()}
     trainable, sizes = [], []
@@ -265,7 +297,7 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     frozen = [n for n, p in params.items() if not p.requires_grad]
     return Setup(model, loss_fn, optimizer, config, trainable, frozen, [n for n, _ in model.named_buffers()],
                  sizes, n_targets, accumulation_steps, max_grad_norm, keep_grads, all_reduce,
-                 tuple(n for n, p in params.items() if p.requires_grad))
+                 tuple(n for n, p in params.items() if p.requires_grad), max_grad_value)
 
 
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
@@ -275,17 +307,18 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
-                     max_captures: int = 8) -> TrainStep:
+                     max_captures: int = 8, max_grad_value: float | None = None) -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
     ``loss_fn(model(*inputs), *targets)`` (a scalar). ``optimizer`` is any ``torch.optim``
-    optimizer but LBFGS/SparseAdam; its own update is traced, its lr read at every step and
+    optimizer but LBFGS/SparseAdam/Adafactor; its own update is traced, its lr read at every step and
     its state kept in ``optimizer.state``. ``model`` may be wrapped in DistributedDataParallel.
     Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
     each call is a micro-batch of the loss divided by N, the N-th call updates.
-    ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``); ``keep_grads`` writes
+    ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``), ``max_grad_value`` clamps
+    them first (``clip_grad_value_``: calling it after the step would clip nothing); ``keep_grads`` writes
     them to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
     and that capture serves its later sizes; captures are at most ``max_captures``.
     ``step.report`` is the per-op report of the last graph run.
@@ -301,7 +334,9 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     bad = [type(t).__name__ for t in example_batch if not isinstance(t, torch.Tensor)]
     if bad:
         raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
-    setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads)
+    setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
+                   max_grad_value)
+    warn_if_low_precision(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                         deny_propagation=deny_propagation)
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -417,3 +417,15 @@ def test_an_example_that_does_not_fit_the_forward_is_refused_naming_its_signatur
     encoder = _seeded(lambda: Block())
     with pytest.raises(TypeError, match=r"the example does not fit Block.forward\(x\) .*'mask'"):
         amp_compiler.compile(encoder, (torch.randn(2, 256),), example_kwargs={"mask": None})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_model_moved_to_half_precision_before_compiling_is_warned_about(dtype):
+    """``model.half()`` before compile was planned silently: nothing it keeps FP32 has FP32 weights (a
+    bfloat16 model's attention math even became float16)."""
+    model = _seeded(lambda: Block(64).eval()).to(dtype)
+    with pytest.warns(UserWarning, match=rf"compile\(Block\): 6 of 6 floating parameters are {dtype}, not float32"):
+        amp_compiler.compile(model, (torch.randn(2, 64, dtype=dtype),), target=TARGET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an FP32 model: no such warning
+        amp_compiler.compile(model.float(), (torch.randn(2, 64),), target=TARGET)

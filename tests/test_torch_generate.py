@@ -99,3 +99,28 @@ def test_the_model_s_data_attributes_read_through_and_its_methods_point_to_the_m
     with pytest.raises(AttributeError, match="no attribute 'nonexistent' \\(nor has the GPT2LMHeadModel"):
         amp.nonexistent
     assert not hasattr(amp, "nonexistent")
+
+
+def test_compiled_without_an_example_a_transformers_model_plans_on_generates_first_call():
+    """``compile(model)`` then ``generate``: every forward argument of a transformers model has a default,
+    so the empty call had been captured at compile time and failed ("exactly one of input_ids")."""
+    model = _llama()
+    ids = torch.randint(0, 100, (1, 8))
+    amp = amp_compiler.compile(model)
+    assert amp.plans == 0
+    out = _greedy(amp, ids)
+    assert torch.equal(out, _greedy(model, ids))
+    assert amp.plans >= 1 and amp.report is not None
+
+
+def test_the_first_call_of_a_module_compiled_without_an_example_runs_the_model_once():
+    """Dynamo's capture runs the first call; running it again appended the key/values to the caller's
+    cache twice (a sampled generate's first tokens then differed from the FP32 model's)."""
+    model = _llama()
+    ids = torch.randint(0, 100, (2, 8))
+    amp = amp_compiler.compile(model)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = amp(input_ids=ids, past_key_values=cache, use_cache=True)
+    assert amp.capture.startswith("torch.compile") and cache.get_seq_length() == 8
+    assert torch.allclose(out.logits, model(input_ids=ids).logits, atol=1e-4)

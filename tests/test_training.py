@@ -178,6 +178,43 @@ def test_scheduler_steps_without_warning_and_param_groups_keep_their_hyper_param
     assert len(step.captures) == 2  # six learning rates, no re-capture
 
 
+def test_one_cycle_lr_cycling_adamw_betas_keeps_one_capture_and_matches_eager():
+    """OneCycleLR cycles betas[0] with the lr at every step: baked as constants they made a capture per
+    step, and the 9th step failed at max_captures naming the (unchanged) batch shapes."""
+    eager, captured = _mlp(), _mlp()
+    opt_eager, opt_captured = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, captured))
+    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=12)
+                                   for o in (opt_eager, opt_captured))
+    step = _fp32_step(captured, opt_captured)
+    for i in range(10):
+        x, y = _batch(seed=i)
+        _eager_step(eager, opt_eager, x, y)
+        step(x, y)
+        sched_eager.step()
+        sched_captured.step()
+    assert opt_captured.param_groups[0]["betas"][0] != 0.95  # the scheduler did cycle it
+    assert len(step.captures) <= 2  # the first step creates the optimizer state: a second layout
+    _assert_same_params(captured, eager, rtol=1e-4, atol=1e-6)
+
+
+def test_a_hyper_parameter_changing_every_step_names_itself_at_max_captures():
+    """SGD's momentum is still a graph constant: OneCycleLR cycling it is a capture per step, silently, and
+    the error at max_captures said "pad or bucket the shapes" of a batch whose shapes never changed."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    step = _fp32_step(model, opt, max_captures=3)
+    for _ in range(2):  # the first step creates the momentum buffers: the second is a capture of its own
+        step(*_batch())
+        sched.step()
+    with pytest.warns(UserWarning, match=r"capturing step variant 3: optimizer SGD's hyper-parameters \['momentum'\]"):
+        step(*_batch())
+    sched.step()
+    with pytest.raises(ConversionError, match=r"max_captures=3: optimizer SGD's hyper-parameters \['momentum'\] "
+                                              r"changed.*cycle_momentum=False"):
+        step(*_batch())
+
+
 def test_eval_mode_is_respected():
     def model():
         torch.manual_seed(0)
@@ -205,6 +242,17 @@ def test_unsupported_optimizer_is_a_clear_error_up_front():
     assert not lbfgs.state
     with pytest.raises(ConversionError, match="optimizer SparseAdam: not supported: it needs sparse gradients"):
         _fp32_step(model, torch.optim.SparseAdam(model.parameters()))
+    with pytest.raises(ConversionError, match=r"optimizer Adafactor: not supported: it reads its step count"):
+        _fp32_step(model, torch.optim.Adafactor(model.parameters()))
+
+
+def test_a_model_moved_to_half_precision_before_compiling_is_warned_about():
+    """``model.half()`` first: the step kept FP16 master weights and optimizer and said nothing."""
+    model = _mlp().half()
+    x, y = _batch()
+    with pytest.warns(UserWarning, match=r"compile_training\(Sequential\): 4 of 4 floating parameters are "
+                                         r"torch.float16.*call model.float\(\)"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x.half(), y))
 
 
 def test_non_scalar_loss_is_a_clear_error_before_any_state_changes():

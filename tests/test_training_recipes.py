@@ -63,25 +63,42 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
     assert "2.weight" in casts and not {"0.weight", "0.bias"} & casts  # frozen: cast once when compiled, not per step
 
 
-def test_clipping_matches_unscale_then_clip_grad_norm_and_gradients_are_visible():
+def _clipped_runs(clip, **step_options):
+    """Three SGD steps, eager with ``clip(parameters)`` between backward and step, and captured with
+    ``step_options``; yields ``(step, clip's result, eager gradients before clipping)`` after each."""
     eager, captured = _mlp(), _mlp()
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.5)
     x, y = _data()
-    step = _compile(captured, torch.optim.SGD(captured.parameters(), lr=0.5), (x, y), max_grad_norm=0.05,
-                    keep_grads=True)
+    step = _compile(captured, torch.optim.SGD(captured.parameters(), lr=0.5), (x, y), keep_grads=True,
+                    **step_options)
     for _ in range(3):
         opt_e.zero_grad()
         F.cross_entropy(eager(x), y).backward()
-        norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.05)
+        raw = [p.grad.clone() for p in eager.parameters()]
+        result = clip(eager.parameters())
         opt_e.step()
         step(x, y)
-        torch.testing.assert_close(step.grad_norm, norm, rtol=1e-5, atol=1e-6)
-    assert norm > 0.05  # clipping was active
+        yield step, result, raw
     _close(eager, captured)
-    grads = step.grads()
-    assert set(grads) == {n for n, _ in captured.named_parameters()}
     for (_, p), q in zip(captured.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)  # the clipped, unscaled gradients
+
+
+def test_clipping_matches_unscale_then_clip_grad_norm_and_gradients_are_visible():
+    for step, norm, _ in _clipped_runs(lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.05), max_grad_norm=0.05):
+        torch.testing.assert_close(step.grad_norm, norm, rtol=1e-5, atol=1e-6)
+    assert norm > 0.05  # clipping was active
+    assert set(step.grads()) == {n for n, _ in step.model.named_parameters()}
+
+
+def test_max_grad_value_matches_unscale_then_clip_grad_value():
+    """``clip_grad_value_`` had no place in the captured step (called after it, it clips nothing)."""
+    runs = list(_clipped_runs(lambda ps: torch.nn.utils.clip_grad_value_(ps, 0.01), max_grad_value=0.01))
+    assert any(float(g.abs().max()) > 0.01 for _, _, raw in runs for g in raw)  # clipping was active
+    assert max(float(g.abs().max()) for g in runs[-1][0].grads().values()) <= 0.01
+    model = _mlp()
+    with pytest.raises(ValueError, match="max_grad_value must be > 0"):
+        _compile(model, torch.optim.SGD(model.parameters(), lr=0.5), _data(), max_grad_value=0)
 
 
 def test_accumulation_updates_on_the_nth_call_like_eager_accumulation_of_loss_over_n():
@@ -254,3 +271,31 @@ def test_a_symbolic_trace_that_fails_falls_back_to_static_captures(monkeypatch):
         run()
     _close(eager, captured, rtol=1e-4, atol=1e-5)
     assert len(tries) == 1 and len(step.captures) == 4  # one symbolic try, then one static capture per length
+
+
+class _Checkpointed(torch.nn.Module):
+    """A first layer under ``torch.utils.checkpoint`` (what ``gradient_checkpointing_enable`` does per layer)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):  # non-reentrant, as transformers' gradient_checkpointing_enable() by default
+        return self.b(torch.utils.checkpoint.checkpoint(lambda t: torch.relu(self.a(t)), x, use_reentrant=False))
+
+
+def test_gradient_checkpointing_is_captured_with_its_recompute_and_matches_eager():
+    """The checkpoint recomputes its segment during the backward, after ``functional_call`` had put the
+    module's own parameters back: the trace met real parameters and failed ("convert all Tensors to
+    FakeTensors")."""
+    eager, captured = _Checkpointed(), _Checkpointed()
+    opt_eager, opt_captured = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, captured))
+    step = _compile(captured, opt_captured, _data())
+    for seed in range(3):
+        x, y = _data(seed=seed)
+        _eager_step(eager, opt_eager, x, y)
+        step(x, y)
+    _close(captured, eager)
+    first = [n for n in step.graph_module.graph.nodes if n.target is torch.ops.aten.addmm.default]
+    assert len(first) == 3  # a, b and a again: the checkpointed segment is recomputed in the graph

@@ -1,0 +1,47 @@
+"""Checks of a model and its call before capture (``docs/architecture.md``, "Capture routes and shapes").
+
+* ``bind_error`` / ``signature``: whether a call fits the forward's signature, so an example that
+  does not is a ``TypeError`` naming the signature, not a capture failure with advice about tracing;
+* ``warn_if_low_precision``: a model whose floating parameters the user already moved to float16 or
+  bfloat16 (``model.half()``) is planned from those, so nothing the plan keeps "FP32" has FP32
+  weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import Counter
+
+import torch
+
+
+def bind_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
+    """Why ``model.forward`` refuses ``args``/``kwargs`` (``None`` if it takes them or has no signature)."""
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:  # no signature to read (a builtin forward): the capture will say
+        return None
+    return None
+
+
+def signature(model: torch.nn.Module) -> str:
+    try:
+        return str(inspect.signature(model.forward))
+    except ValueError:
+        return "(...)"
+
+
+def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
+    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling)."""
+    dtypes = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
+    low = sum(n for dtype, n in dtypes.items() if dtype in (torch.float16, torch.bfloat16))
+    if not low or low * 2 < sum(dtypes.values()):
+        return
+    dtype = max((d for d in dtypes if d in (torch.float16, torch.bfloat16)), key=dtypes.__getitem__)
+    warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {low} of {sum(dtypes.values())} floating "
+                  f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
+                  f"FP32, training's master weights and optimizer), so these stay {dtype}: call model.float() "
+                  f"before compiling", stacklevel=stacklevel)
