@@ -165,3 +165,12 @@ def test_the_advice_names_only_options_not_in_effect(deploy):
     _, fused = convert_onnx(m, deploy=deploy)
     why = fused.summary["fp32_tensor_core_why"]
     assert "FP32 by cost" in why and why.splitlines()[-1] == "would change it: --objective memory"
+
+
+def test_casts_only_at_the_graph_boundary_are_said_plainly():
+    """One small GEMM between FP32 graph input and output: the only casts are at the boundary (the
+    line had read "the casts are at 2 at graph inputs/outputs")."""
+    m = model([helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")], [fin("x", 512, 256)],
+              [fin("y", 512, 256)], [weight("W", 256, 256)])
+    why = convert_onnx(m)[1].summary["fp32_tensor_core_why"]
+    assert "\n2 casts at graph inputs/outputs\n" in why, why
