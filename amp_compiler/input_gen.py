@@ -27,7 +27,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
-from .onnx_io.pinned_dims import pins_of_model
+from .onnx_io.pinned_dims import derived_sizes, relations_of_model
 
 __all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
 
@@ -67,14 +67,16 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
     return found
 
 
-def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None):
+def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None,
+                      relations=None):
     """(name, shape, numpy dtype) of each graph input that is not an initializer; a symbolic
     dim takes its size in ``dims`` (by name), else the size the graph pins it to
     (``pinned_dims``), else a waveform's samples one second of audio (``waveform_dims``), else
-    ``default_dim``. ``ConversionError`` for a dtype no data can be made for."""
+    ``default_dim``; a dim the graph derives from others (a decoder's ``total_sequence =
+    past_sequence + sequence``) is sized from theirs. ``relations``: ``relations_of_model``'s
+    answer when the caller has it. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
-    pinned = {dim: pin.size for dim, pin in pins_of_model(model, sized=dims or ()).items()}
-    dims = {**waveform_dims(model), **pinned, **(dims or {})}
+    dims = _input_dims(model, default_dim, dims, relations)
     for inp in model.graph.input:
         if inp.name in initializers:
             continue
@@ -86,6 +88,12 @@ def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, i
                                   f"cannot generate data of type {TensorProto.DataType.Name(tt.elem_type)}; "
                                   "pass --inputs FILE.npz")
         yield inp.name, shape, dtype
+
+
+def _input_dims(model: ModelProto, default_dim: int, dims: dict[str, int] | None, relations) -> dict[str, int]:
+    pins, derived = relations if relations is not None else relations_of_model(model, sized=dims or ())
+    sizes = {**waveform_dims(model), **{dim: pin.size for dim, pin in pins.items()}, **(dims or {})}
+    return {**sizes, **derived_sizes(model, sizes, default_dim, derived)}
 
 
 def waveform_dims(model: ModelProto) -> dict[str, int]:
@@ -108,20 +116,22 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     ``dims`` sizes symbolic dims by name (``--dim``)."""
     rng = np.random.default_rng(seed)
     rows = _table_rows(model)
-    pins = pins_of_model(model, sized=dims or ())
-    dims = {**{dim: pin.size for dim, pin in pins.items()}, **(dims or {})}
+    relations = pins, derived = relations_of_model(model, sized=dims or ())
     feeds, how = {}, {}
-    for name, shape, dtype in graph_input_specs(model, default_dim, dims):
+    for name, shape, dtype in graph_input_specs(model, default_dim, dims, relations):
         feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
-        pinned = [pins[d].describe() for d in _symbolic_dims(model, name) if d in pins]
+        symbolic = dict(_symbolic_dims(model, name))
+        pinned = [pins[d].describe() if d in pins else derived[d].describe(shape[i])
+                  for d, i in symbolic.items() if d in pins or d in derived]
         if pinned:
             how[name] += "; " + "; ".join(pinned)
     return feeds, how
 
 
-def _symbolic_dims(model: ModelProto, name: str) -> list[str]:
-    return [d.dim_param for vi in model.graph.input if vi.name == name
-            for d in vi.type.tensor_type.shape.dim if d.dim_param]
+def _symbolic_dims(model: ModelProto, name: str) -> list[tuple[str, int]]:
+    """(symbolic dim, axis) of input ``name``."""
+    return [(d.dim_param, axis) for vi in model.graph.input if vi.name == name
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim) if d.dim_param]
 
 
 def _draw(rng, name: str, shape: list[int], dtype, table) -> tuple[np.ndarray, str]:

@@ -21,6 +21,7 @@ from .onnx_io.annotate import annotate_model, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
+from .onnx_io.pinned_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
 from .numerics import RANGES
 from .plan import make_context, run_passes
@@ -117,8 +118,12 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
         drawn = _calibrate(model, imp.graph, calibration_inputs, dim_values)
-    # a waveform's samples are sized as one second of audio unless --dim says otherwise ("Input handling")
-    result = run_passes(imp.graph, ctx, source, {**waveform_dims(model), **(dim_values or {})} or None)
+    # a waveform's samples are sized as one second of audio unless --dim says otherwise, a decoder's
+    # total_sequence as past_sequence + sequence ("Input handling")
+    sizes = {**waveform_dims(model), **(dim_values or {})}
+    if carries_cache(model):
+        sizes.update(derived_sizes(model, sizes, default_dim))
+    result = run_passes(imp.graph, ctx, source, sizes or None)
     if progress:
         progress("emit")
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)

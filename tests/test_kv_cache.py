@@ -1,0 +1,62 @@
+"""Decoders exported with a KV cache: the attention mask's ``total_sequence`` is the past length
+plus the new tokens', for the drawn inputs and for the plan (``onnx_io/pinned_dims.py``,
+docs/architecture.md "Input handling")."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from amp_compiler import convert_onnx
+from amp_compiler.cli import main
+
+from .builders import fin, model, weight
+
+WIDTH = 16
+
+
+def _kv_decoder() -> onnx.ModelProto:
+    """One attention step: ``present = Concat(past, x @ W)`` (declared ``total_sequence``), scores
+    against it plus the mask (``[batch, total_sequence]``), as a cached decoder's export has them."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["k"], name="k_proj"),
+        helper.make_node("Concat", ["past_key", "k"], ["present_key"], name="cache", axis=1),
+        helper.make_node("Transpose", ["present_key"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "kt"], ["scores"], name="scores"),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], name="maskf", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axis1"], ["mask3"], name="mask3"),
+        helper.make_node("Add", ["scores", "mask3"], ["masked"], name="masked"),
+        helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "present_key"], ["y"], name="context"),
+    ]
+    axis1 = onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1")
+    return model(nodes,
+                 [fin("x", "batch", "sequence", WIDTH), fin("past_key", "batch", "past_sequence", WIDTH),
+                  fin("attention_mask", "batch", "total_sequence", dtype=TensorProto.INT64)],
+                 [fin("y", "batch", "sequence", WIDTH), fin("present_key", "batch", "total_sequence", WIDTH)],
+                 [weight("W", WIDTH, WIDTH), axis1])
+
+
+def test_a_cached_decoder_validates_with_the_mask_as_long_as_past_and_new_tokens(tmp_path):
+    """Every dim drawn at 2 gave a mask of 2 columns against 2 + 2 keys: the FP32 run failed
+    ``--validate`` (a GPT-2 exported with past_key_values in the field check)."""
+    src, dst, rep = tmp_path / "decoder.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_kv_decoder(), str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["validation"]["passed"]
+    assert "total_sequence = past_sequence + sequence = 4" in report["summary"]["inputs_drawn"]["attention_mask"]
+    assert main([str(src), "-o", str(dst), "--validate", "--dim", "past_sequence=5", "-q"]) == 0
+
+
+def test_the_plan_sizes_total_sequence_from_the_past_length_given():
+    """``--dim past_sequence=100`` had left the mask's dim (and the MatMul reading the declared
+    ``present``) at the default 8, pricing attention over 8 keys instead of 108."""
+    past, default = 100, 8
+    report = convert_onnx(_kv_decoder(), dim_values={"past_sequence": past})[1]
+    assert report.summary["dim_values"]["total_sequence"] == past + default
+    context = next(op for op in report.ops if op["name"] == "context")
+    assert context["flops"] == 2 * default * default * (past + default) * WIDTH
