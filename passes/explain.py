@@ -51,8 +51,10 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
                      f"GEMM/conv FLOPs")
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
                      f"{-saved / 2 ** 20:+.2f} MiB")
-        lines += _casts_needed_by(graph, energy, flipped)
-        advice = (_dim_advice(graph) + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
+        border_lines, io = _casts_needed_by(graph, energy, flipped)
+        lines += border_lines
+        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io)
+                  + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
         if advice:
             lines.append(f"would change it: {advice}")
     unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
@@ -95,6 +97,15 @@ def _options_not_in_effect(graph: PrecisionGraph, ctx: PlanContext, timer: OpTim
     return ", ".join(options)
 
 
+def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int) -> str:
+    """``--no-keep-io-types (...), `` when casts at graph inputs/outputs are charged and the file's
+    inputs and outputs could take the low dtype: a decoder's KV cache (``past_key_values.*`` in,
+    ``present.*`` out) cast both ways every step had kept a GPT-2 FP32 with no word of it."""
+    if not io or not ctx.keep_io_types or not graph.inputs_retypable:
+        return ""
+    return f"--no-keep-io-types ({io} I/O casts), "
+
+
 def _dim_advice(graph: PrecisionGraph) -> str:
     """``--dim NAME=SIZE (...), `` naming the symbolic dims the cost model sized with the default (no
     ``--dim`` value, no example) that the graph's inputs declare (sizing them sizes the expressions
@@ -114,8 +125,8 @@ def _dim_advice(graph: PrecisionGraph) -> str:
     return advice
 
 
-def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> list[str]:
-    """What the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
+def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int]:
+    """(lines, casts at graph inputs/outputs): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
     4 Resize", two per interpolation, had read "8x Resize", 8 ops) and graph inputs/outputs
     that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
@@ -139,10 +150,10 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     if io:
         parts.append(f"{io} {'' if borders else 'casts '}at graph inputs/outputs")
     if not parts:
-        return []
+        return [], io
     lines = [("the casts border ops that stay FP32 whatever the plan: " if borders else "")
              + ", ".join(parts)]
     reasons = Counter(held.values()).most_common(2)
     if reasons:
         lines.append("held FP32 by: " + "; ".join(f"{why} ({n} ops)" for why, n in reasons))
-    return lines
+    return lines, io

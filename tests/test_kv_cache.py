@@ -60,3 +60,13 @@ def test_the_plan_sizes_total_sequence_from_the_past_length_given():
     assert report.summary["dim_values"]["total_sequence"] == past + default
     context = next(op for op in report.ops if op["name"] == "context")
     assert context["flops"] == 2 * default * default * (past + default) * WIDTH
+
+
+def test_casts_at_the_cache_inputs_and_outputs_name_no_keep_io_types():
+    """A GPT-2 at ``--dim past_sequence=100`` stayed FP32 for its 9 casts at ``past_key_values.*``
+    and ``present.*``, and the why line named every option but the one that removes them."""
+    kept = convert_onnx(_kv_decoder(), dim_values={"past_sequence": 100})[1].summary["fp32_tensor_core_why"]
+    assert "at graph inputs/outputs" in kept
+    assert "--no-keep-io-types (3 I/O casts)" in kept
+    free = convert_onnx(_kv_decoder(), dim_values={"past_sequence": 100}, keep_io_types=False)[1]
+    assert "graph inputs/outputs" not in free.summary["fp32_tensor_core_why"]

@@ -164,7 +164,8 @@ def test_the_advice_names_only_options_not_in_effect(deploy):
     assert "--deploy tensorrt|inductor (casts fuse), --objective memory" in eager.summary["fp32_tensor_core_why"]
     _, fused = convert_onnx(m, deploy=deploy)
     why = fused.summary["fp32_tensor_core_why"]
-    assert "FP32 by cost" in why and why.splitlines()[-1] == "would change it: --objective memory"
+    assert "FP32 by cost" in why and why.splitlines()[-1] == ("would change it: --no-keep-io-types (2 I/O casts), "
+                                                              "--objective memory")
 
 
 def test_casts_only_at_the_graph_boundary_are_said_plainly():
