@@ -87,7 +87,7 @@ MS = "com.microsoft::"
 # -- allow: tensor-core work -----------------------------------------------------------------------
 _op("matmul", ALLOW, ["MatMul", MS + "FusedMatMul"], ["mm", "bmm", "matmul", "mv", "dot", "vdot"], flops="matmul",
     tensor_core=True)
-_op("gemm", ALLOW, ["Gemm"], ["addmm", "baddbmm", "linear", "addmv"], flops="gemm", tensor_core=True)
+_op("gemm", ALLOW, ["Gemm", MS + "FusedGemm"], ["addmm", "baddbmm", "linear", "addmv"], flops="gemm", tensor_core=True)
 _op("batch_reduce_gemm", ALLOW, [], ["addbmm"], flops="einsum", tensor_core=True,
     note="a sum of batched GEMMs (one cuBLAS call)")
 _op("conv", ALLOW, ["Conv", MS + "FusedConv"], ["convolution", "conv1d", "conv2d", "conv3d"], flops="conv", tensor_core=True)

@@ -11,7 +11,8 @@ in FP32 on purpose (``GPTNeoSelfAttention._attn``: "Keep the attention weights c
 fp32 to avoid overflow issues"). The product, the ops between it and the softmax, and the
 softmax stay FP32; the softmax's output is bounded, so what follows is free to run in the low
 dtype. BF16 holds FP32's range: the rule applies only to dtypes whose max is below FP32's.
-Fused attention ops (SDPA) carry their own scale and are not products here.
+Fused attention ops (SDPA) carry their own scale and are not products here; a product with an
+``alpha`` below 1 (ONNX Runtime's ``FusedMatMul``) is scaled.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         if op.canonical not in _PRODUCTS or not op.outputs or not op.outputs[0]:
             continue
         operands = [i for i in op.inputs if i]
-        if len(operands) != 2 or _weight_product(graph, operands):
+        if len(operands) != 2 or _weight_product(graph, operands) or _own_scale(op):
             continue
         path = mask_flow(graph, op.outputs[0])  # the ops to the softmax it feeds, or None
         if path is None or any(_scales(graph, graph.ops[n]) for n in path):
@@ -59,6 +60,13 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
         for name in (op.name, *sorted(path)):
             out.setdefault(name, why)
     return out
+
+
+def _own_scale(op: Op) -> bool:
+    """A product that scales its result itself: ONNX Runtime's ``FusedMatMul`` (its
+    MatMulScaleFusion folds BERT's 1/sqrt(d) into ``alpha``) or a ``Gemm`` with ``alpha`` below 1."""
+    alpha = op.attrs.get("alpha")
+    return isinstance(alpha, (int, float)) and abs(alpha) < 1
 
 
 def _weight_product(graph: PrecisionGraph, operands: list[str]) -> bool:

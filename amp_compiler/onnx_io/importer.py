@@ -29,6 +29,7 @@ from .dtypes import onnx_to_dtype
 from .tensors import iter_chunks
 from .schemas import port_groups
 from .inference import tensor_type
+from .untyped import type_untyped
 from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
@@ -80,6 +81,7 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None,
                      raw=raw)
     _import_graph(imp, model.graph, "", types, _OpKinds(registry, opsets), source, rows or None)
+    type_untyped(graph)  # behind ops onnx has no schema for (com.microsoft), "Input handling"
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
     return imp

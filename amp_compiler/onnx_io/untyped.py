@@ -1,0 +1,57 @@
+"""Types for values onnx's shape inference leaves untyped behind ops it has no schema for.
+
+onnx knows no ``com.microsoft`` op, so in a model ONNX Runtime saved after its own fusions
+(``optimized_model_filepath`` at ``ORT_ENABLE_EXTENDED``: ``FusedMatMul``, ``FusedGemm``,
+``BiasGelu``) every value after the first fused op that the file does not declare was untyped,
+and the Softmax or Where reading it was taken for "no float data": a BERT so saved had its
+masked scores' Where bound to FP16 and FP32 at once, which ONNX Runtime refused to load.
+Walking the ops in order, an untyped output of a standard op takes the dtype of the input its
+schema binds to the same type parameter (Softmax's ``T``, Where's ``T`` at port 1), and the
+first output of an op of another domain the dtype of its first float input (ONNX Runtime's
+contrib ops compute in their inputs' type). docs/architecture.md, "Input handling".
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from ..dtypes import is_float
+from ..ir import Op, PrecisionGraph
+
+__all__ = ["type_untyped"]
+
+
+def type_untyped(graph: PrecisionGraph) -> int:
+    """Give each untyped op output the dtype its op implies (see module docstring); returns how
+    many were typed."""
+    typed = 0
+    for op in graph.ops.values():
+        for port, name in enumerate(op.outputs):
+            tensor = graph.tensors.get(name) if name else None
+            if tensor is None or tensor.dtype is not None:
+                continue
+            source = _same_typed_input(graph, op, port)
+            dtype = graph.tensors[source].dtype if source else None
+            if dtype is not None:
+                tensor.dtype = dtype
+                typed += 1
+    return typed
+
+
+def _same_typed_input(graph: PrecisionGraph, op: Op, port: int) -> str | None:
+    """The input whose dtype output ``port`` of ``op`` has, if its schema (or domain) says so."""
+    if op.domain not in ("", "ai.onnx"):
+        floats = (i for i in op.inputs if i and is_float(graph.tensors[i].dtype))
+        return next(floats, None) if port == 0 else None
+    try:
+        schema = onnx.defs.get_schema(op.op_type, graph.opsets.get("", 0), "")
+    except onnx.defs.SchemaError:
+        return None
+    if port >= len(schema.outputs):
+        return None
+    type_str = schema.outputs[port].type_str
+    for k, formal in enumerate(schema.inputs):
+        if formal.type_str == type_str and k < len(op.inputs) and op.inputs[k]:
+            return op.inputs[k]
+    return None
+
