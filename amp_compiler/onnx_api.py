@@ -17,7 +17,7 @@ from .dims import names_in
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .input_gen import waveform_dims
-from .onnx_io.annotate import annotate_model, record_modules
+from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
@@ -106,6 +106,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         base_dir = Path(model_or_path).resolve().parent
         source = source or str(model_or_path)
         model = load_model(model_or_path)
+    ctx.earlier_fp32 = earlier_fp32(model)  # a model this tool converted before: its FP32 decisions hold
     if progress:
         progress("import")
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,

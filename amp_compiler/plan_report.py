@@ -84,6 +84,7 @@ def build_report(result: PlanResult) -> Report:
         "default_dim": default_dim, "dim_values": graph.dim_values(), "unknown_ops": sorted(unknown),
         **_plan_fields(result),
         **_saturated(result),
+        **_nothing_to_do(result),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -98,6 +99,25 @@ def build_report(result: PlanResult) -> Report:
     }
     fill_memory(data)  # summary's predicted_memory_* keys: the one estimate (report_memory.py)
     return Report(data)
+
+
+def _nothing_to_do(result: PlanResult) -> dict[str, Any]:
+    """``nothing_to_do``: one line when a model converted before (onnxconverter-common, an earlier
+    run of ours) comes out as it went in: every op in its source dtype, no cast inserted."""
+    ops = [op for op in result.graph.ops.values() if op.precision is not None and op.source_dtype]
+    if any(op.inserted for op in result.graph.ops.values()) or any(
+            op.precision != op.source_dtype for op in ops if not op.inserted):
+        return {}
+    low = sum(op.source_dtype in LOW_PRECISION for op in ops)
+    if not low:
+        return {}
+    earlier = sum("kept FP32 by the amp-compiler run" in (op.reason or "") for op in ops)
+    kept = f", {earlier} kept FP32 by the run that converted it" if earlier else ""
+    return {"nothing_to_do": f"nothing to do: {low} ops already {_low_name(ops)}{kept}; no op or cast changes"}
+
+
+def _low_name(ops) -> str:
+    return next(op.source_dtype for op in ops if op.source_dtype in LOW_PRECISION)
 
 
 def _saturated(result: PlanResult) -> dict[str, Any]:

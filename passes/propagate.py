@@ -26,14 +26,17 @@ Rewrite cases:
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
 unsafe in the low dtype (cases 1, 3 and 4) run in FP32; ops merely out of reach keep the
-dtype they had in the source (a partly-FP16 model keeps its FP16 parts).
+dtype they had in the source (a partly-FP16 model keeps its FP16 parts). Ops the source already
+runs in the low dtype stay so, and ops an earlier run of ours annotated FP32 stay FP32
+(``ctx.earlier_fp32``): neither is planned, so a second run over a converted model changes
+nothing; it had re-planned them by cost (docs/architecture.md, "Passes").
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from amp_compiler.dtypes import FLOAT32
+from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 
@@ -44,6 +47,8 @@ from .user_rules import forced_low, kept_by_name
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
 OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are planned"
+ALREADY_LOW = "already in the low dtype in the source model"
+EARLIER_FP32 = "kept FP32 by the amp-compiler run that converted the source model"
 
 
 class PropagatePass(Pass):
@@ -75,6 +80,11 @@ class PropagatePass(Pass):
                 op.reason = f"{op.op_class}: {op.forbid_low}"
             elif op.name in near_unsafe and (unsafe := _unsafe_constant(graph, op)) is not None:
                 op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
+            elif ctx.earlier_fp32 and op.name in ctx.earlier_fp32:
+                op.reason = f"{op.op_class}: {EARLIER_FP32}: {ctx.earlier_fp32[op.name]}"
+            elif op.source_dtype == ctx.low_dtype:
+                op.precision = ctx.low_dtype  # a model converted before (onnxconverter-common, ours): not undone
+                op.reason = f"{op.op_class}: {ALREADY_LOW} ({short(ctx.low_dtype)})"
             else:
                 op.precision = None
                 candidates.append(op.name)

@@ -84,6 +84,20 @@ def annotated_fraction(model: ModelProto) -> float:
     return done / len(nodes) if nodes else 1.0
 
 
+def earlier_fp32(model: ModelProto) -> dict[str, str]:
+    """Node name -> reason, for each node of the main graph an earlier conversion annotated as kept
+    FP32 (inserted casts aside): a second run keeps those decisions instead of re-planning them."""
+    found = {}
+    for node in model.graph.node:
+        fields = {p.key[len(PREFIX):]: p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
+        if not fields and _DOC_TAG in node.doc_string:
+            line = next(li for li in node.doc_string.splitlines() if li.startswith(_DOC_TAG))
+            fields = dict(f.split("=", 1) for f in line[len(_DOC_TAG):].split("; ") if "=" in f)
+        if node.name and fields.get("precision") == "float32" and fields.get("class") != "inserted cast":
+            found[node.name] = fields.get("reason", "").split(": ", 1)[-1]
+    return found
+
+
 def _set_metadata(node: NodeProto, fields: Mapping[str, str]) -> None:
     if any(p.key.startswith(PREFIX) for p in node.metadata_props):  # annotated before: replace
         keep = [(p.key, p.value) for p in node.metadata_props if not p.key.startswith(PREFIX)]
@@ -123,4 +137,4 @@ def _readers(nodes: list[NodeProto], tensors: set[str]) -> dict[str, list[str]]:
     return out
 
 
-__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "record_modules", "walk_nodes"]
+__all__ = ["PREFIX", "annotate_model", "annotated_fraction", "earlier_fp32", "record_modules", "walk_nodes"]
