@@ -8,6 +8,7 @@ called (``docs/architecture.md``, "Validation inputs"):
 * integers read as Gather indices of a constant table: token ids uniform in [0, rows);
 * ``*mask*`` inputs (integer, bool or float): ones; ``token_type_ids``: zeros;
   ``position_ids``: 0, 1, 2, ... along the last axis;
+* floats named ``past*``/``*cache*`` (a decoder's KV cache, rank 4): N(0, 1);
 * floats of rank 4 or named ``pixel*``/``image*``: images in [0, 1];
 * floats named ``audio*``/``input_values``/``wav*``/``input_features``: audio (or its
   normalised log-mel features) in [-1, 1];
@@ -38,6 +39,7 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorPro
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _AUDIO = ("audio", "input_values", "wav", "input_features")
 _WAVEFORM = ("audio", "input_values", "wav")
+_CACHE = ("past", "cache", "present")  # a decoder's past_key_values.*: rank 4, not images
 _WAVEFORM_SAMPLES = 16000  # one second at 16 kHz, the rate speech encoders are trained on
 
 
@@ -140,6 +142,8 @@ def _draw(rng, name: str, shape: list[int], dtype, table) -> tuple[np.ndarray, s
     if np.issubdtype(dtype, np.floating):
         if any(key in name for key in _AUDIO):
             return rng.uniform(-1, 1, shape).astype(dtype), "audio in [-1, 1]"
+        if any(key in name for key in _CACHE):
+            return rng.standard_normal(shape).astype(dtype), "KV cache, N(0, 1)"
         if len(shape) == 4 or name.startswith(("pixel", "image", "img")):
             return rng.uniform(0, 1, shape).astype(dtype), "images in [0, 1]"
         return rng.standard_normal(shape).astype(dtype), "N(0, 1)"

@@ -48,7 +48,9 @@ def test_a_cached_decoder_validates_with_the_mask_as_long_as_past_and_new_tokens
     assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
     report = json.loads(rep.read_text())
     assert report["validation"]["passed"]
-    assert "total_sequence = past_sequence + sequence = 4" in report["summary"]["inputs_drawn"]["attention_mask"]
+    drawn = report["summary"]["inputs_drawn"]
+    assert "total_sequence = past_sequence + sequence = 4" in drawn["attention_mask"]
+    assert drawn["past_key"].startswith("KV cache")  # not "images in [0, 1]", as rank 4 ones were
     assert main([str(src), "-o", str(dst), "--validate", "--dim", "past_sequence=5", "-q"]) == 0
 
 
