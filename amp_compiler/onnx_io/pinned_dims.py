@@ -110,7 +110,8 @@ def _derived(model: ModelProto, shapes: dict[str, tuple], free: set[str]) -> dic
 
     inputs = free_dims(model)
     found: dict[str, list[tuple[str, str]]] = {}
-    for dim, expression, why in (*_declared_against_inferred(model, shapes), *_concat_sums(model, shapes)):
+    for dim, expression, why in (*_declared_against_inferred(model, shapes), *_concat_sums(model, shapes),
+                                 *_cache_mask(model, shapes)):
         if dim in free and dim not in names_in(expression) and names_in(expression) <= inputs:
             found.setdefault(dim, []).append((expression, why))
     probe = DimSizes({d: 3 + 7 * i for i, d in enumerate(sorted(inputs))}, 1, inputs)  # distinct sizes
@@ -131,14 +132,42 @@ def _concat_sums(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[
     declared = {vi.name: _dims(vi) for vi in (*model.graph.output, *model.graph.value_info)}
     for node in model.graph.node:
         out = declared.get(node.output[0]) if node.op_type == "Concat" and node.output else None
-        parts = [shapes.get(name) for name in node.input]
+        expression = _concat_sum(node, shapes, len(out)) if out is not None else None
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if out is None or len(parts) < 2 or any(p is None or len(p) != len(out) for p in parts):
-            continue
-        terms = [p[axis] for p in parts]
-        if isinstance(out[axis], str) and all(isinstance(t, (int, str)) for t in terms):
-            expression = " + ".join(f"({t})" if isinstance(t, str) and not _NAME.match(t) else str(t) for t in terms)
+        if expression is not None and isinstance(out[axis], str):
             yield out[axis], expression, f"{node.output[0]!r} is declared {out[axis]} and concatenates {expression}"
+
+
+def _cache_mask(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[str, str, str]]:
+    """A decoder's attention mask covers its cache and its new tokens: the last dim of a ``*mask*``
+    input is the length of the ``present`` a Concat of a graph input makes. Deployment runtimes
+    feed it so; a dynamo export declares the mask's own symbol (``total_sequence``) and nothing
+    relates it, and drawn at 2 its GatherND read past the mask."""
+    inputs = {vi.name for vi in model.graph.input}
+    outputs = {vi.name for vi in model.graph.output}
+    lengths = {_concat_sum(n, shapes) for n in model.graph.node if n.op_type == "Concat" and n.output
+               and n.output[0] in outputs and inputs.intersection(n.input)}
+    lengths.discard(None)
+    if len(lengths) != 1:
+        return
+    (length,) = lengths
+    for vi in model.graph.input:
+        dims = _dims(vi)
+        if "mask" in vi.name.lower() and dims and isinstance(dims[-1], str) and _NAME.match(dims[-1]):
+            yield dims[-1], length, f"{vi.name!r} masks the cache and the new tokens ({length})"
+
+
+def _concat_sum(node: NodeProto, shapes: dict[str, tuple], rank: int | None = None) -> str | None:
+    """The length along its axis of what Concat ``node`` makes, as arithmetic of its inputs' dims."""
+    parts = [shapes.get(name) for name in node.input]
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    rank = rank if rank is not None else (len(parts[0]) if parts and parts[0] is not None else None)
+    if rank is None or len(parts) < 2 or any(p is None or len(p) != rank for p in parts):
+        return None
+    terms = [p[axis] for p in parts]
+    if not all(isinstance(t, (int, str)) for t in terms):
+        return None
+    return " + ".join(f"({t})" if isinstance(t, str) and not _NAME.match(t) else str(t) for t in terms)
 
 
 def solve(equations: Iterable[tuple[tuple, tuple[int, ...], str]], free: set[str]) -> dict[str, Pin]:
