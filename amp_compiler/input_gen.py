@@ -28,6 +28,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
+from .onnx_io.annotate import walk_nodes
 from .onnx_io.pinned_dims import derived_sizes, relations_of_model
 
 __all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
@@ -45,12 +46,13 @@ _WAVEFORM_SAMPLES = 16000  # one second at 16 kHz, the rate speech encoders are 
 
 def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
     """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table."""
+    nodes = list(walk_nodes(model.graph))  # a merged decoder embeds its tables in If branches
     tables = {i.name: (i.dims[0] if i.dims else 0) for i in model.graph.initializer}
-    for node in model.graph.node:
+    for node in nodes:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
             tables[node.output[0]] = node.attribute[0].t.dims[0]
     readers: dict[str, list] = {}
-    for node in model.graph.node:
+    for node in nodes:
         for port, name in enumerate(node.input):
             readers.setdefault(name, []).append((node, port))
     found = {}

@@ -76,3 +76,22 @@ def test_casts_at_the_cache_inputs_and_outputs_name_no_keep_io_types():
     assert "--no-keep-io-types (3 I/O casts)" in kept
     free = convert_onnx(_kv_decoder(), dim_values={"past_sequence": 100}, keep_io_types=False)[1]
     assert "graph inputs/outputs" not in free.summary["fp32_tensor_core_why"]
+
+
+def test_a_merged_decoders_token_ids_are_drawn_over_the_table_its_branches_read(tmp_path):
+    """A merged decoder (an ``If`` choosing the step with or without the cache) reads its embedding
+    table inside the branches: its ``input_ids`` were drawn in {0, 1}, one row of the table."""
+    def branch(tag: str) -> onnx.GraphProto:
+        nodes = [helper.make_node("Gather", ["table", "input_ids"], [f"{tag}_emb"], name=f"{tag}_embed"),
+                 helper.make_node("MatMul", [f"{tag}_emb", "W"], [f"{tag}_y"], name=f"{tag}_proj")]
+        return helper.make_graph(nodes, tag, [], [fin(f"{tag}_y", "batch", "sequence", WIDTH)])
+
+    merged = model([helper.make_node("If", ["use_cache_branch"], ["y"], name="if", then_branch=branch("past"),
+                                     else_branch=branch("first"))],
+                   [fin("input_ids", "batch", "sequence", dtype=TensorProto.INT64),
+                    fin("use_cache_branch", 1, dtype=TensorProto.BOOL)],
+                   [fin("y", "batch", "sequence", WIDTH)], [weight("table", 300, WIDTH), weight("W", WIDTH, WIDTH)])
+    src, dst, rep = tmp_path / "merged.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(merged, str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
+    assert json.loads(rep.read_text())["summary"]["inputs_drawn"]["input_ids"].startswith("token ids in [0, 300)")
