@@ -241,6 +241,8 @@ _many(DENY, "RandomNormal/randn RandomUniform/rand RandomNormalLike/randn_like R
       dtype_attrs=("dtype",), note="random generators stay FP32")
 _many(DENY, "QuantizeLinear DynamicQuantizeLinear QLinearConv QLinearMatMul BitCast",
       note="quantisation boundary: scales stay FP32")
+_many(DENY, "MatMulInteger ConvInteger",
+      note="integer GEMM (dynamic quantization): int8 work, its accumulator's rescale kept FP32 (numerics rule 4)")
 _op("dequantize_linear", DENY, ["DequantizeLinear"], dtype_attrs=("output_dtype",), unit_inputs=(1,),
     note="quantisation boundary: scales stay FP32")  # y's dtype follows x_scale (or output_dtype)
 _many(DENY, "NonMaxSuppression RoiAlign Unique TfIdfVectorizer LinearAttention", note="no reliable FP16 kernel")

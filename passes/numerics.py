@@ -15,7 +15,8 @@ every op reading or writing a flagged value through a unit port in FP32):
 3. A calibrated activation (``calibrated_peak``) above ``max / ctx.calibration_margin``, or
    nonzero yet below the dtype's smallest normal (every value subnormal), is flagged.
 4. QDQ units: an op reading a DequantizeLinear output or feeding a QuantizeLinear keeps its
-   source dtype, so runtimes can still fuse the pattern into an integer kernel.
+   source dtype, so runtimes can still fuse the pattern into an integer kernel; so do the Cast
+   of a MatMulInteger/ConvInteger accumulator and the Mul by its scale (dynamic quantization).
 5. Value flow: a flag follows the value through data movement (clear ops other than casts)
    and ``VALUE_FLOW`` ops, whose outputs carry their inputs' extremes, so no op on the way
    casts it to the low dtype (where it would become inf).
@@ -87,6 +88,7 @@ FLUSH_SHARE = 0.01
 QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
             "DequantizeLinear -> op -> QuantizeLinear into an int8 kernel")
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+_INTEGER_GEMMS = ("MatMulInteger", "ConvInteger")
 
 
 class NumericsPass(Pass):
@@ -225,12 +227,28 @@ def qdq_members(graph: PrecisionGraph) -> list[str]:
     """Ops reading a DequantizeLinear output or feeding a QuantizeLinear (rule 4)."""
     names = []
     for op in graph.ops.values():
-        if op.op_type == "DequantizeLinear" and op.outputs and op.outputs[0]:
+        if op.op_type in _INTEGER_GEMMS and op.outputs and op.outputs[0]:
+            names += _rescale_of(graph, op.outputs[0])
+        elif op.op_type == "DequantizeLinear" and op.outputs and op.outputs[0]:
             names += [c for c, _ in graph.tensors[op.outputs[0]].consumers if graph.ops[c].op_type not in _QDQ]
         elif op.op_type == "QuantizeLinear" and op.inputs and op.inputs[0]:
             producer = graph.producer(op.inputs[0])
             if producer is not None and producer.op_type not in _QDQ:
                 names.append(producer.name)
+    return names
+
+
+def _rescale_of(graph: PrecisionGraph, accumulator: str) -> list[str]:
+    """The Cast of an integer GEMM's int32 accumulator to float and the Muls by its scales
+    (``quantize_dynamic``'s pattern, which ONNX Runtime fuses into MatMulIntegerToFloat): in FP16
+    the cast alone can pass 65504 (127 x 127 x 64 already does)."""
+    names, frontier = [], [accumulator]
+    while frontier:
+        for consumer, _ in graph.tensors[frontier.pop()].consumers:
+            op = graph.ops[consumer]
+            if op.op_type in ("Cast", "Mul") and consumer not in names and (op.op_type == "Mul" or not names):
+                names.append(consumer)
+                frontier += [o for o in op.outputs if o and op.op_type == "Cast"]
     return names
 
 
