@@ -152,6 +152,8 @@ _op("layer_norm", INFER, ["LayerNormalization", MS + "LayerNormalization", MS + 
     ["native_layer_norm", "layer_norm"], flops="norm", accumulates_fp32=True, fp32_outputs=(1, 2),
     deny_attrs=(("stash_type", (0,), "stash_type=0 computes the statistics in the input dtype"),),
     note="statistics computed in FP32 (stash_type=1)")
+_op("embed_layer_norm", INFER, [MS + "EmbedLayerNormalization"], flops="norm", accumulates_fp32=True,
+    note="ONNX Runtime's fused embeddings + LayerNorm (its BERT optimizer's): statistics in FP32")
 _op("rms_norm", INFER, ["RMSNormalization"], ["rms_norm", "_fused_rms_norm"], flops="norm", accumulates_fp32=True,
     fp32_outputs=(1,), deny_attrs=(("stash_type", (0,), "stash_type=0 computes the statistics in the input dtype"),),
     unit_inputs=(0,), note="statistics computed in FP32 (stash_type=1)")

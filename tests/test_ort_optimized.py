@@ -60,3 +60,27 @@ def test_fused_gemm_is_a_gemm_and_fused_matmul_alpha_is_its_scale():
     ops = {op["name"]: op for op in report.ops}
     assert ops["head"]["class"] == "allow" and ops["head"]["precision"] == "float16"
     assert "unscaled" not in ops["qk"]["reason"] and ops["qk"]["precision"] == "float16"
+
+
+def test_embed_layer_normalization_is_planned_and_validates(tmp_path):
+    """ONNX Runtime's BERT optimizer fuses the embeddings and their LayerNorm into
+    EmbedLayerNormalization, which was "unknown" and kept FP32."""
+    h = 32
+    nodes = [helper.make_node("EmbedLayerNormalization", ["input_ids", "segment_ids", "word", "position", "segment",
+                                                          "gamma", "beta"], ["emb", "mask_index"], name="embed",
+                              domain=MS, epsilon=1e-12),
+             helper.make_node("MatMul", ["emb", "W"], ["y"], name="proj")]
+    ints = TensorProto.INT32
+    g = helper.make_graph(nodes, "embed", [fin("input_ids", "batch", "sequence", dtype=ints),
+                                           fin("segment_ids", "batch", "sequence", dtype=ints)],
+                          [fin("y", "batch", "sequence", h)],
+                          [weight("word", 100, h), weight("position", 64, h), weight("segment", 2, h),
+                           numpy_helper.from_array(np.ones(h, np.float32), "gamma"),
+                           numpy_helper.from_array(np.zeros(h, np.float32), "beta"), weight("W", h, h)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    src, dst, rep = tmp_path / "embed.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(m, str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q", "--planner", "all"]) == 0
+    ops = {op["name"]: op for op in json.loads(rep.read_text())["ops"]}
+    assert ops["embed"]["class"] == "infer" and ops["embed"]["precision"] == "float16"
