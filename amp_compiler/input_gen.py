@@ -29,7 +29,7 @@ from onnx import ModelProto, TensorProto
 
 from .errors import ConversionError
 from .onnx_io.annotate import walk_nodes
-from .onnx_io.pinned_dims import derived_sizes, relations_of_model
+from .onnx_io.derived_dims import derived_sizes, relations_of_model
 
 __all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
 

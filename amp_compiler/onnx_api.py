@@ -21,7 +21,7 @@ from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
-from .onnx_io.pinned_dims import carries_cache, derived_sizes
+from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
 from .numerics import RANGES
 from .plan import make_context, run_passes

@@ -1,5 +1,5 @@
 """Decoders exported with a KV cache: the attention mask's ``total_sequence`` is the past length
-plus the new tokens', for the drawn inputs and for the plan (``onnx_io/pinned_dims.py``,
+plus the new tokens', for the drawn inputs and for the plan (``onnx_io/derived_dims.py``,
 docs/architecture.md "Input handling")."""
 
 from __future__ import annotations
