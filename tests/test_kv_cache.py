@@ -19,10 +19,11 @@ from .builders import fin, model, weight
 WIDTH = 16
 
 
-def _kv_decoder(present: str = "total_sequence") -> onnx.ModelProto:
+def _kv_decoder(present: str = "total_sequence", masked: bool = True) -> onnx.ModelProto:
     """One attention step: ``present = Concat(past, x @ W)`` (declared ``present``: the TorchScript
     exporter names the mask's dim, the dynamo one writes the sum), scores against it plus the mask
-    (``[batch, total_sequence]``), as a cached decoder's export has them."""
+    (``[batch, total_sequence]``; ``masked=False``: read by nothing, as where GPT-2 only slices
+    it), as a cached decoder's export has them."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["k"], name="k_proj"),
         helper.make_node("Concat", ["past_key", "k"], ["present_key"], name="cache", axis=1),
@@ -30,7 +31,7 @@ def _kv_decoder(present: str = "total_sequence") -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "kt"], ["scores"], name="scores"),
         helper.make_node("Cast", ["attention_mask"], ["maskf"], name="maskf", to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["maskf", "axis1"], ["mask3"], name="mask3"),
-        helper.make_node("Add", ["scores", "mask3"], ["masked"], name="masked"),
+        helper.make_node("Add", ["scores", "mask3"] if masked else ["scores", "axis1f"], ["masked"], name="masked"),
         helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
         helper.make_node("MatMul", ["probs", "present_key"], ["y"], name="context"),
     ]
@@ -39,7 +40,7 @@ def _kv_decoder(present: str = "total_sequence") -> onnx.ModelProto:
                  [fin("x", "batch", "sequence", WIDTH), fin("past_key", "batch", "past_sequence", WIDTH),
                   fin("attention_mask", "batch", "total_sequence", dtype=TensorProto.INT64)],
                  [fin("y", "batch", "sequence", WIDTH), fin("present_key", "batch", present, WIDTH)],
-                 [weight("W", WIDTH, WIDTH), axis1])
+                 [weight("W", WIDTH, WIDTH), axis1, onnx.numpy_helper.from_array(np.float32(0), "axis1f")])
 
 
 @pytest.mark.parametrize("present", ["total_sequence", "past_sequence + sequence"])
@@ -95,3 +96,31 @@ def test_a_merged_decoders_token_ids_are_drawn_over_the_table_its_branches_read(
     onnx.save(merged, str(src))
     assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
     assert json.loads(rep.read_text())["summary"]["inputs_drawn"]["input_ids"].startswith("token ids in [0, 300)")
+
+
+def test_a_merged_decoder_plans_total_sequence_from_the_past_length_given():
+    """The cache's Concat sits in the If branches of a merged decoder: the cheap test before the
+    inference looked at the main graph only, and the plan kept total_sequence at the default."""
+    step = _kv_decoder(masked=False)
+    outer = {vi.name for vi in step.graph.input} | {t.name for t in step.graph.initializer}
+
+    def branch(tag: str) -> onnx.GraphProto:
+        g = onnx.GraphProto()
+        g.CopyFrom(step.graph)
+        g.name = tag
+        del g.input[:], g.initializer[:]
+        rename = {n: f"{tag}/{n}" for node in g.node for n in node.output}
+        for node in g.node:
+            node.name = f"{tag}/{node.name}"
+            node.input[:] = [rename.get(n, n) if n not in outer else n for n in node.input]
+            node.output[:] = [rename[n] for n in node.output]
+        for vi in g.output:
+            vi.name = rename[vi.name]
+        return g
+
+    merged = model([helper.make_node("If", ["use_cache_branch"], [o.name for o in step.graph.output], name="if",
+                                     then_branch=branch("past"), else_branch=branch("first"))],
+                   [*step.graph.input, fin("use_cache_branch", 1, dtype=TensorProto.BOOL)], list(step.graph.output),
+                   list(step.graph.initializer))
+    report = convert_onnx(merged, dim_values={"past_sequence": 100})[1]
+    assert report.summary["dim_values"]["total_sequence"] == 100 + 8

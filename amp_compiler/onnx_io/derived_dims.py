@@ -15,6 +15,7 @@ from onnx import ModelProto, NodeProto
 
 from ..dims import DimSizes, names_in
 from .pinned_dims import _NAME, Pin, _dims, _equations, _shapes_from_inputs, free_dims, solve
+from .structure import graphs
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,16 @@ def relations_of_model(model: ModelProto, sized: Iterable[str] = ()
 
 
 def carries_cache(model: ModelProto) -> bool:
-    """Whether a graph output is a ``Concat`` of a graph input (a decoder's ``present.*`` made of
-    its ``past_key_values.*``): the cheap test before ``derived_sizes`` pays for an inference."""
+    """Whether an output of the graph or of a subgraph is a ``Concat`` of a graph input (a decoder's
+    ``present.*`` made of its ``past_key_values.*``, in a merged decoder's ``If`` branches too): the
+    cheap test before ``derived_sizes`` pays for an inference."""
     inputs = {vi.name for vi in model.graph.input}
-    outputs = {vi.name for vi in model.graph.output}
-    return any(n.op_type == "Concat" and n.output and n.output[0] in outputs and inputs.intersection(n.input)
-               for n in model.graph.node)
+    for g, _ in graphs(model.graph, ""):  # a merged decoder concatenates in its If branches
+        outputs = {vi.name for vi in g.output}
+        if any(n.op_type == "Concat" and n.output and n.output[0] in outputs and inputs.intersection(n.input)
+               for n in g.node):
+            return True
+    return False
 
 
 def derived_sizes(model: ModelProto, dims: dict[str, int] | None, default_dim: int,
