@@ -147,17 +147,32 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     """Run both models on ``feeds``; the result goes into the report's ``validation`` section.
 
     ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``;
-    ``low``: the plan's low dtype (``compare_outputs``' notes).
+    ``low``: the plan's low dtype (``compare_outputs``' notes). A one-element boolean graph input
+    that is an ``If`` condition (a merged decoder's ``use_cache_branch``) is run both ways, each
+    output named with it: one drawn value had validated one branch.
     """
-    expected = runner(original, feeds, label="the FP32 model")
-    actual = runner(converted, _as_declared(converted, feeds), label="the converted model")
-    if isinstance(original, str):
-        original = _graph_only(original)
-    names = [o.name for o in original.graph.output]
-    outputs = compare_outputs(names, expected, actual, low)
+    graph = _graph_only(original)
+    names = [o.name for o in graph.graph.output]
+    outputs = []
+    for label, variant in _branch_feeds(graph, feeds):
+        expected = runner(original, variant, label="the FP32 model")
+        actual = runner(converted, _as_declared(converted, variant), label="the converted model")
+        outputs += [{**row, "name": row["name"] + label}
+                    for row in compare_outputs(names, expected, actual, low)]
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
     return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
             "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+
+
+def _branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """(name suffix, feeds) per value of each one-element boolean input that conditions an ``If``."""
+    conditions = {n.input[0] for n in model.graph.node if n.op_type == "If" and n.input}
+    switches = [name for name, value in feeds.items() if name in conditions
+                and isinstance(value, np.ndarray) and value.dtype == np.bool_ and value.size == 1]
+    if not switches:
+        return [("", feeds)]
+    return [(f" ({name}={flag})", {**feeds, name: np.full_like(feeds[name], flag)})
+            for name in switches for flag in (True, False)]
 
 
 def _graph_only(model: ModelProto | str) -> ModelProto:

@@ -81,7 +81,8 @@ def test_casts_at_the_cache_inputs_and_outputs_name_no_keep_io_types():
 
 def test_a_merged_decoders_token_ids_are_drawn_over_the_table_its_branches_read(tmp_path):
     """A merged decoder (an ``If`` choosing the step with or without the cache) reads its embedding
-    table inside the branches: its ``input_ids`` were drawn in {0, 1}, one row of the table."""
+    table inside the branches: its ``input_ids`` were drawn in {0, 1}, one row of the table; and
+    validation ran the one branch its drawn condition chose."""
     def branch(tag: str) -> onnx.GraphProto:
         nodes = [helper.make_node("Gather", ["table", "input_ids"], [f"{tag}_emb"], name=f"{tag}_embed"),
                  helper.make_node("MatMul", [f"{tag}_emb", "W"], [f"{tag}_y"], name=f"{tag}_proj")]
@@ -95,7 +96,11 @@ def test_a_merged_decoders_token_ids_are_drawn_over_the_table_its_branches_read(
     src, dst, rep = tmp_path / "merged.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
     onnx.save(merged, str(src))
     assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q"]) == 0
-    assert json.loads(rep.read_text())["summary"]["inputs_drawn"]["input_ids"].startswith("token ids in [0, 300)")
+    report = json.loads(rep.read_text())
+    assert report["summary"]["inputs_drawn"]["input_ids"].startswith("token ids in [0, 300)")
+    # both branches validated: one drawn use_cache_branch had run one of them
+    assert [row["name"] for row in report["validation"]["outputs"]] == ["y (use_cache_branch=True)",
+                                                                        "y (use_cache_branch=False)"]
 
 
 def test_a_merged_decoder_plans_total_sequence_from_the_past_length_given():
