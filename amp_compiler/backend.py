@@ -35,6 +35,7 @@ from torch import fx
 from cost_model.runtime import default_runtime
 
 from .dtypes import normalize_low_dtype
+from .fx_io.autograd_functions import check_dynamo_graph
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
@@ -70,6 +71,8 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     training = opts.get("training")
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
+    if training:
+        check_dynamo_graph(gm, source)  # its backward() would be lost in the retrace
     plan_opts = {k: opts[k] for k in _PLAN_OPTIONS if k in opts}
     plan_opts["runtime"] = opts.get("deploy") or default_runtime("torch", opts.get("backend"))  # what it runs on
     ctx = make_context(dtype=low, training=bool(training), **plan_opts)

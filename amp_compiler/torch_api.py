@@ -48,6 +48,7 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
+from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, failing_module, input_symbols,
                               views_as_reshapes)
 from .fx_io.emitter import emit
@@ -102,9 +103,9 @@ class _ExportRoute:
         if plan is None:
             try:
                 plan = self._put(key, self.plan(args, kwargs), args, kwargs)
-            except ConversionError:
-                if self.dynamic_shapes is not None:
-                    raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+            except ConversionError as error:
+                if self.dynamic_shapes is not None or isinstance(error, CustomBackwardError):
+                    raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
                 self._refused.add(call_structure(args, kwargs))
                 if self._dynamo is None:
                     self._dynamo = _DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
@@ -148,7 +149,8 @@ class _ExportRoute:
         """Export, plan and emit one call; an automatic symbolic plan is sized by the largest sizes
         ``seen`` (``plans.largest_sizes``), not by the call that made it."""
         o = self.opts
-        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes)
+        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes,
+                          training=o["training"])
         hints = largest_sizes(input_symbols(gm, args, kwargs), seen) if seen else None
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
@@ -414,8 +416,8 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     try:
         return route, route.first(args, kwargs), ()
     except ConversionError as export_error:
-        if dynamic_shapes is not None:
-            raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+        if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
+            raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
         route = _DynamoRoute(model, opts, source, max_plans)
         return route, *_dynamo_or_raise(route, model, args, kwargs, export_error, training)
 

@@ -28,6 +28,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..errors import ConversionError
+from .autograd_functions import check_recorded, recording_functions
 from .importer import WeightSpec, dotted_path
 from .schemas import writes_arguments
 
@@ -68,12 +69,20 @@ def _quiet():
 
 
 def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, source: str,
-                 dynamic_shapes: Any = None) -> fx.GraphModule:
-    """The unlifted, decomposed export of ``model(*args, **kwargs)``."""
+                 dynamic_shapes: Any = None, training: bool = False) -> fx.GraphModule:
+    """The unlifted, decomposed export of ``model(*args, **kwargs)``; for ``training``, a forward
+    applying a custom ``autograd.Function`` raises ``CustomBackwardError`` (``autograd_functions``)."""
+    with recording_functions() as functions:
+        try:
+            with _quiet():
+                program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                              strict=False)
+        except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
+            raise capture_error(exc, source) from exc
+    if training:
+        check_recorded(functions, source)
     try:
         with _quiet():
-            program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                          strict=False)
             program = program.run_decompositions(_decompositions())
             return program.module()
     except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
