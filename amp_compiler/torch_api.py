@@ -53,7 +53,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, fai
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
-from .fx_io.model_checks import bind_error, signature, warn_if_low_precision
+from .fx_io.model_checks import bind_error, scripted_submodule, signature, warn_if_low_precision
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
@@ -483,11 +483,14 @@ def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple,
         dynamo = f"torch.compile failed too ({inner.reason if isinstance(inner, ConversionError) else inner})"
     module = failing_module(export_error, model)
     where = f"module {module}" if module else "the top-level forward"
-    raise ConversionError(
-        route.source, f"{where}, {export_error.where}",
-        f"{export_error.reason}; {dynamo}; next: make that construct traceable (torch.where/torch.cond for a "
-        f"branch on values, a pytree registration for a custom output type), or compile the submodules "
-        f"that trace (amp_compiler.compile(model.<submodule>, ...))") from export_error
+    scripted = scripted_submodule(model)
+    fix = (f"submodule {scripted} is torch.jit.script-ed, which neither route traces into: compile the model "
+           f"before scripting it") if scripted else (
+        "make that construct traceable (torch.where/torch.cond for a branch on values, a pytree registration "
+        "for a custom output type)")
+    raise ConversionError(route.source, f"{where}, {export_error.where}", f"{export_error.reason}; {dynamo}; next: "
+                          f"{fix}, or compile the submodules that trace (amp_compiler.compile(model.<submodule>, "
+                          f"...))") from export_error
 
 
 __all__ = ["AmpModule", "compile"]

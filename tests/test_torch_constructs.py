@@ -191,6 +191,23 @@ def test_a_model_no_route_captures_fails_naming_module_and_construct():
     assert "next: " in message
 
 
+def test_a_scripted_submodule_is_named_with_the_fix():
+    class Scripted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.jit.script(nn.Sequential(nn.Linear(32, 32), nn.ReLU()))
+            self.out = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.out(self.act(x))
+
+    with pytest.raises(ConversionError) as err:  # export's TypeError had come with advice about branches
+        amp_compiler.compile(Scripted().eval(), (torch.randn(2, 32),))
+    message = str(err.value)
+    assert "\n" not in message and "next: submodule act (Sequential) is torch.jit.script-ed" in message
+    assert "torch.where" not in message
+
+
 def test_in_place_ops_are_functionalised():
     class InPlace(nn.Module):
         def __init__(self):

@@ -45,3 +45,12 @@ def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 
                   f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
                   f"FP32, training's master weights and optimizer), so these stay {dtype}: call model.float() "
                   f"before compiling", stacklevel=stacklevel)
+
+
+def scripted_submodule(model: torch.nn.Module) -> str:
+    """``path (Class)`` of the first ``torch.jit.script``-ed module in ``model`` ('' if none): neither
+    capture route traces into TorchScript (export calls it with its own arguments and fails)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            return f"{name or '<root>'} ({getattr(module, 'original_name', type(module).__name__)})"
+    return ""
