@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import operator
 import os
 import re
 import sys
@@ -79,14 +80,34 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
                                               strict=False)
         except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
             raise capture_error(exc, source) from exc
+    table = _decompositions()
     if training:
         check_recorded(functions, source)
+        _detach_no_grad_regions(program.graph_module)
+        table.pop(torch.ops.aten.detach.default, None)  # core-aten makes it an alias, which autograd goes through
     try:
         with _quiet():
-            program = program.run_decompositions(_decompositions())
+            program = program.run_decompositions(table)
             return program.module()
     except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
         raise capture_error(exc, source) from exc
+
+
+def _detach_no_grad_regions(gm: fx.GraphModule) -> None:
+    """Detach what a ``torch.no_grad()`` block of the forward computes (a teacher's output, spectral
+    norm's power iteration), in place: export's training IR wraps the block in
+    ``wrap_with_set_grad_enabled(False, ...)``, which decomposing inlines, and a training plan
+    then sent gradients through it into weights eager leaves untouched."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    graph = gm.graph
+    for node in [n for n in graph.nodes if hop is not None and n.target is hop and n.args[0] is False]:
+        items = list(node.users) if all(u.target is operator.getitem for u in node.users) else [node]
+        for item in items:
+            with graph.inserting_after(item):
+                detached = graph.call_function(torch.ops.aten.detach.default, (item,))
+            detached.meta.update(item.meta)
+            item.replace_all_uses_with(detached, delete_user_cb=lambda user, d=detached: user is not d)
+    gm.recompile()
 
 
 def automatic_dynamic_shapes(args: tuple, kwargs: dict, dims: dict[int, frozenset[int]]) -> Any:
