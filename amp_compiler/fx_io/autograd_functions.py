@@ -42,15 +42,15 @@ def _describe(cls: type) -> str:
 
 
 @contextlib.contextmanager
-def recording_functions() -> Iterator[list[str]]:
-    """Within the block, the user-defined Functions applied are appended to the list yielded."""
-    found: list[str] = []
+def recording_functions() -> Iterator[list[type]]:
+    """Within the block, the Function classes applied (torch's own too) are appended to the list yielded."""
+    found: list[type] = []
     function = torch.autograd.Function
     original = function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
-        if _user_function(cls) and _describe(cls) not in found:
-            found.append(_describe(cls))
+        if cls not in found:
+            found.append(cls)
         return original.__func__(cls, *args, **kwargs)
 
     function.apply = classmethod(apply)
@@ -60,10 +60,11 @@ def recording_functions() -> Iterator[list[str]]:
         function.apply = original
 
 
-def check_recorded(found: list[str], source: str) -> None:
-    """Raise ``CustomBackwardError`` naming the first Function ``recording_functions`` saw."""
-    if found:
-        raise CustomBackwardError(source, f"custom torch.autograd.Function {found[0]}")
+def check_recorded(found: list[type], source: str) -> None:
+    """Raise ``CustomBackwardError`` naming the first user-defined Function ``recording_functions`` saw."""
+    user = [cls for cls in found if _user_function(cls)]
+    if user:
+        raise CustomBackwardError(source, f"custom torch.autograd.Function {_describe(user[0])}")
 
 
 def check_dynamo_graph(gm: fx.GraphModule, source: str) -> None:

@@ -83,7 +83,8 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
     table = _decompositions()
     if training:
         check_recorded(functions, source)
-        _detach_no_grad_regions(program.graph_module)
+        if not functions:  # a Function's forward runs grad-disabled too (reentrant checkpoint): left as it was
+            _detach_no_grad_regions(program.graph_module)
         table.pop(torch.ops.aten.detach.default, None)  # core-aten makes it an alias, which autograd goes through
     try:
         with _quiet():
@@ -259,8 +260,21 @@ def dynamo_weights(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[in
     return out
 
 
-def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source: str) -> fx.GraphModule:
-    """Retrace dynamo's graph to functional core-aten ops, keeping its inputs and outputs."""
+class _DetachingNoGrad(fx.Interpreter):
+    """Runs dynamo's graph detaching what its ``torch.no_grad()`` blocks compute (its
+    ``_set_grad_enabled(False)`` nodes run, but make_fx records no grad mode)."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if torch.is_grad_enabled():
+            return result
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), result)
+
+
+def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source: str,
+                      training: bool = False) -> fx.GraphModule:
+    """Retrace dynamo's graph to functional core-aten ops, keeping its inputs and outputs (and, for
+    ``training``, its no_grad blocks as ``aten.detach``)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -274,12 +288,16 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
     from torch._dispatch.python import enable_python_dispatcher
 
+    table = _decompositions()
+    if training:
+        table.pop(torch.ops.aten.detach.default, None)  # as for export_graph
+
     def trace(fn):
-        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+        return make_fx(fn, decomposition_table=table, tracing_mode="real")(*fakes)
 
     try:  # decompose first: torch.func.functionalize cannot run composite ops (dropout) on symbolic sizes
         with mode, enable_python_dispatcher(), fx.traceback.preserve_node_meta():
-            traced = trace(fx.Interpreter(gm).run)
+            traced = trace((_DetachingNoGrad if training else fx.Interpreter)(gm).run)
             if any(n.op == "call_function" and writes_arguments(n.target) for n in traced.graph.nodes):
                 traced = trace(torch.func.functionalize(fx.Interpreter(traced).run, remove="mutations"))
     except Exception as exc:  # noqa: BLE001
