@@ -62,6 +62,8 @@ def _quiet():
         with contextlib.redirect_stderr(captured), warnings.catch_warnings():
             # pytree deprecation raised inside torch.export itself; nothing a user can act on
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            # nn.LSTM/GRU refresh their _flat_weights list while traced; torch's advice (register_buffer) is its own
+            warnings.filterwarnings("ignore", message=r".*_flat_weights.*were assigned during export")
             yield
         sys.stderr.write(captured.getvalue())  # what a successful capture printed still reaches the user
     finally:
