@@ -35,6 +35,7 @@ from torch import fx
 from cost_model.runtime import default_runtime
 
 from .dtypes import normalize_low_dtype
+from .fx_io.autograd_functions import check_dynamo_graph
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
@@ -64,12 +65,15 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     low = normalize_low_dtype(str(opts.get("dtype", torch.float16)))
     compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")  # frame/graph, as in TORCH_LOGS
     source = opts.get("source") or f"torch.compile graph {compile_id if compile_id is not None else len(reports)}"
-    aten = dynamo_aten_graph(gm, example_inputs, source)
-    placeholders = [n for n in aten.graph.nodes if n.op == "placeholder"]
-    weights = {placeholders[i].name: spec for i, spec in dynamo_weights(gm, example_inputs).items()}
+    specs = dynamo_weights(gm, example_inputs)
     training = opts.get("training")
     if training is None:
-        training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in weights.values())
+        training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in specs.values())
+    if training:
+        check_dynamo_graph(gm, source)  # its backward() would be lost in the retrace
+    aten = dynamo_aten_graph(gm, example_inputs, source, training=bool(training))
+    placeholders = [n for n in aten.graph.nodes if n.op == "placeholder"]
+    weights = {placeholders[i].name: spec for i, spec in specs.items()}
     plan_opts = {k: opts[k] for k in _PLAN_OPTIONS if k in opts}
     plan_opts["runtime"] = opts.get("deploy") or default_runtime("torch", opts.get("backend"))  # what it runs on
     ctx = make_context(dtype=low, training=bool(training), **plan_opts)

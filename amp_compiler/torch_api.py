@@ -48,11 +48,13 @@ from cost_model.runtime import default_runtime
 from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
 from .errors import ConversionError
-from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, failing_module, input_symbols,
+from .fx_io.autograd_functions import CustomBackwardError
+from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
-from .fx_io.model_checks import bind_error, signature, warn_if_low_precision
+from .fx_io.capture_failure import dynamo_or_raise
+from .fx_io.model_checks import bind_error, signature, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
@@ -102,9 +104,9 @@ class _ExportRoute:
         if plan is None:
             try:
                 plan = self._put(key, self.plan(args, kwargs), args, kwargs)
-            except ConversionError:
-                if self.dynamic_shapes is not None:
-                    raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+            except ConversionError as error:
+                if self.dynamic_shapes is not None or isinstance(error, CustomBackwardError):
+                    raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
                 self._refused.add(call_structure(args, kwargs))
                 if self._dynamo is None:
                     self._dynamo = _DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
@@ -148,7 +150,8 @@ class _ExportRoute:
         """Export, plan and emit one call; an automatic symbolic plan is sized by the largest sizes
         ``seen`` (``plans.largest_sizes``), not by the call that made it."""
         o = self.opts
-        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes)
+        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes,
+                          training=o["training"])
         hints = largest_sizes(input_symbols(gm, args, kwargs), seen) if seen else None
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
@@ -245,7 +248,8 @@ class AmpModule(torch.nn.Module):
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
         self.training = training
         # options: compile's keywords, for the submodules generate calls apart (an encoder)
-        self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None)
+        self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None,
+                             _recompile={})  # compile's other keywords (training, dynamic_shapes), for deepcopy
 
     @property
     def capture(self) -> str:
@@ -342,6 +346,21 @@ class AmpModule(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"capture={self.capture!r}, plans={self.plans}"
 
+    def __deepcopy__(self, memo: dict) -> "AmpModule":
+        """An independent ``AmpModule`` over a deep copy of the model, with the same options, planned on
+        its first call (copying the plans had kept their graphs running the original's weights)."""
+        return compile(copy.deepcopy(self._route.model, memo), **self._options, **self._recompile)
+
+    def __copy__(self) -> "AmpModule":
+        new = AmpModule.__new__(AmpModule)  # shares model and plans, as copy.copy did before __reduce_ex__
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError(f"amp_compiler: an AmpModule ({self._source}) cannot be pickled or torch.save()d: its "
+                        f"plans are captured graphs of this process; save amp_model.state_dict() (the model's) and "
+                        f"compile the loaded model again")
+
 
 def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs: dict | None = None,
             target: str = "h100", dtype: torch.dtype | str = torch.float16, allow: Iterable[str] = (),
@@ -379,6 +398,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
         raise ValueError(f"max_plans must be >= 1, got {max_plans}")
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
+    warn_if_recurrent(model, "compile")
     training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
@@ -393,7 +413,9 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
     # as a transformers model's have: an empty call is not what the model is called with)
     if not args and not kwargs:
-        return AmpModule(model, _FirstCall(model, capture), model.training, source, options)
+        amp = AmpModule(model, _FirstCall(model, capture), model.training, source, options)
+        amp.__dict__["_recompile"] = dict(training=training, dynamic_shapes=dynamic_shapes)
+        return amp
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
                         f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
@@ -401,7 +423,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
                         "the first call")
     route, plan, _ = capture(args, kwargs)
     amp = AmpModule(model, route, model.training, source, options)
-    amp.__dict__["_last"] = plan
+    amp.__dict__.update(_last=plan, _recompile=dict(training=training, dynamic_shapes=dynamic_shapes))
     return amp
 
 
@@ -414,10 +436,10 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     try:
         return route, route.first(args, kwargs), ()
     except ConversionError as export_error:
-        if dynamic_shapes is not None:
-            raise  # the user asked for torch.export's symbolic shapes: its error is the answer
+        if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
+            raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
         route = _DynamoRoute(model, opts, source, max_plans)
-        return route, *_dynamo_or_raise(route, model, args, kwargs, export_error, training)
+        return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)
 
 
 class _FirstCall:
@@ -458,34 +480,6 @@ class _PlannedOnFirstCall:
         if self.amp is None:
             self.amp = compile(self.module, args, example_kwargs=kwargs, **self.options)
         return self.amp(*args, **kwargs)
-
-
-def _grad_mode(training: bool):
-    return contextlib.nullcontext() if training else torch.no_grad()
-
-
-def _dynamo_or_raise(route: "_DynamoRoute", model: torch.nn.Module, args: tuple, kwargs: dict,
-                     export_error: ConversionError, training: bool) -> tuple[Plan, tuple]:
-    """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
-    naming module and construct."""
-    try:
-        with _grad_mode(training):
-            plan, out = route.call(args, kwargs)
-        if plan.report is not None:
-            return plan, (out,)
-        dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
-    except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
-        inner = exc
-        while inner.__cause__ is not None and not isinstance(inner, ConversionError):
-            inner = inner.__cause__
-        dynamo = f"torch.compile failed too ({inner.reason if isinstance(inner, ConversionError) else inner})"
-    module = failing_module(export_error, model)
-    where = f"module {module}" if module else "the top-level forward"
-    raise ConversionError(
-        route.source, f"{where}, {export_error.where}",
-        f"{export_error.reason}; {dynamo}; next: make that construct traceable (torch.where/torch.cond for a "
-        f"branch on values, a pytree registration for a custom output type), or compile the submodules "
-        f"that trace (amp_compiler.compile(model.<submodule>, ...))") from export_error
 
 
 __all__ = ["AmpModule", "compile"]

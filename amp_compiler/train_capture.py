@@ -58,6 +58,7 @@ class Setup:
     all_reduce: Callable | None = None  # DDP: sums gradients over ranks inside the step
     trainable_order: tuple[str, ...] = ()  # the names that required grad when compiled (model order)
     max_grad_value: float | None = None  # clip_grad_value_'s bound, applied before max_grad_norm
+    ddp: torch.nn.Module | None = None  # the DistributedDataParallel wrapper, for its no_sync() flag
 
     def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())

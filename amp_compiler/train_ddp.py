@@ -25,3 +25,15 @@ def unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, Callable | None]:
         return [funcol.all_reduce(g, "sum", group) / world for g in grads]
 
     return model.module, all_reduce
+
+
+def check_no_sync(ddp: torch.nn.Module | None, call: int, accumulation_steps: int) -> None:
+    """Refuse an updating micro-batch called inside ``ddp.no_sync()``: the step all-reduces and updates
+    on every ``accumulation_steps``-th call whatever DDP's flag says, so eager's accumulate-under-no_sync
+    loop with ``accumulation_steps=1`` would silently update on every micro-batch."""
+    if ddp is None or getattr(ddp, "require_backward_grad_sync", True) or call % accumulation_steps:
+        return
+    raise ValueError(f"compile_training: step called inside DistributedDataParallel.no_sync() on call {call} of "
+                     f"accumulation_steps={accumulation_steps}, which all-reduces and updates: pass "
+                     f"accumulation_steps=<micro-batches per update> and call the step without no_sync() "
+                     f"(it all-reduces on the last micro-batch only)")

@@ -25,6 +25,7 @@ from .fx_io.capture import views_as_reshapes
 from .fx_io.model_checks import warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
+from .train_ddp import check_no_sync
 
 
 @dataclass
@@ -71,6 +72,7 @@ class TrainStep:
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         self._check_batch(batch)
+        check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
         cap = self._select(batch)
         v = cap.variant
         flat = self._flat_inputs(batch, v)
@@ -275,6 +277,7 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     """Validate the model/optimizer pair and fix the parameter order (the optimizer's groups)."""
     from .train_ddp import unwrap
 
+    wrapper = model
     model, all_reduce = unwrap(model)
     fopt.check(optimizer)
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
@@ -297,7 +300,8 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     frozen = [n for n, p in params.items() if not p.requires_grad]
     return Setup(model, loss_fn, optimizer, config, trainable, frozen, [n for n, _ in model.named_buffers()],
                  sizes, n_targets, accumulation_steps, max_grad_norm, keep_grads, all_reduce,
-                 tuple(n for n, p in params.items() if p.requires_grad), max_grad_value)
+                 tuple(n for n, p in params.items() if p.requires_grad), max_grad_value,
+                 wrapper if all_reduce is not None else None)
 
 
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,

@@ -191,6 +191,23 @@ def test_a_model_no_route_captures_fails_naming_module_and_construct():
     assert "next: " in message
 
 
+def test_a_scripted_submodule_is_named_with_the_fix():
+    class Scripted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.jit.script(nn.Sequential(nn.Linear(32, 32), nn.ReLU()))
+            self.out = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.out(self.act(x))
+
+    with pytest.raises(ConversionError) as err:  # export's TypeError had come with advice about branches
+        amp_compiler.compile(Scripted().eval(), (torch.randn(2, 32),))
+    message = str(err.value)
+    assert "\n" not in message and "next: submodule act (Sequential) is torch.jit.script-ed" in message
+    assert "torch.where" not in message
+
+
 def test_in_place_ops_are_functionalised():
     class InPlace(nn.Module):
         def __init__(self):
@@ -429,3 +446,22 @@ def test_a_model_moved_to_half_precision_before_compiling_is_warned_about(dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an FP32 model: no such warning
         amp_compiler.compile(model.float(), (torch.randn(2, 64),), target=TARGET)
+
+
+def test_a_recurrent_module_is_said_to_be_unrolled_per_time_step():
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.out = nn.LSTM(32, 32, batch_first=True), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.out(self.rnn(x)[0])
+
+    model, x = Tagger().eval(), torch.randn(2, 4, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        amp = amp_compiler.compile(model, (x,), target=TARGET)
+    messages = [str(w.message) for w in caught]
+    assert any("LSTM rnn is unrolled" in m and "each sequence length is captured" in m for m in messages)
+    assert not any("_flat_weights" in m for m in messages)  # torch's register_buffer advice, not the user's to act on
+    torch.testing.assert_close(amp(x), model(x), atol=1e-2, rtol=1e-2)

@@ -52,10 +52,17 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
             F.cross_entropy(eager(x), y).backward()
             opt_e.step()
             step(x, y)
+        before = [p.detach().clone() for p in mixed.parameters()]
+        try:  # eager's accumulate-under-no_sync habit: this updating call had silently all-reduced and updated
+            with mixed.no_sync():
+                step(x, y)
+            no_sync = "ran"
+        except ValueError as exc:
+            no_sync = str(exc) if all(torch.equal(a, b) for a, b in zip(before, mixed.parameters())) else "changed"
         queue.put((rank, [p.detach().tolist() for p in mixed.parameters()],
                    [p.detach().tolist() for p in eager.parameters()], step.skipped_steps,
                    step.report.summary["fp16_gemm_flop_fraction"],
-                   sum("all_reduce" in str(n.target) for n in step.graph_module.graph.nodes)))
+                   sum("all_reduce" in str(n.target) for n in step.graph_module.graph.nodes), no_sync))
     finally:
         dist.destroy_process_group()
 
@@ -75,7 +82,8 @@ def test_ddp_two_ranks_identical_parameters_close_to_eager_data_parallel_fp32():
             p.join(30)
             if p.is_alive():
                 p.kill()
-    (_, mixed0, eager0, skipped0, fp16_0, reduces), (_, mixed1, _, skipped1, _, _) = results
+    (_, mixed0, eager0, skipped0, fp16_0, reduces, no_sync), (_, mixed1, _, skipped1, _, _, _) = results
+    assert "inside DistributedDataParallel.no_sync() on call 1 of accumulation_steps=1" in no_sync
     assert fp16_0 == 1.0 and skipped0 == skipped1 == 0
     assert reduces == len(mixed0)  # one all-reduce per gradient, inside the captured step
     assert mixed0 == mixed1  # every rank applied the same update, bit for bit

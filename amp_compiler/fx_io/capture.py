@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import operator
 import os
 import re
 import sys
@@ -28,6 +29,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..errors import ConversionError
+from .autograd_functions import check_recorded, recording_functions
 from .importer import WeightSpec, dotted_path
 from .schemas import writes_arguments
 
@@ -60,6 +62,8 @@ def _quiet():
         with contextlib.redirect_stderr(captured), warnings.catch_warnings():
             # pytree deprecation raised inside torch.export itself; nothing a user can act on
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            # nn.LSTM/GRU refresh their _flat_weights list while traced; torch's advice (register_buffer) is its own
+            warnings.filterwarnings("ignore", message=r".*_flat_weights.*were assigned during export")
             yield
         sys.stderr.write(captured.getvalue())  # what a successful capture printed still reaches the user
     finally:
@@ -68,16 +72,45 @@ def _quiet():
 
 
 def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, source: str,
-                 dynamic_shapes: Any = None) -> fx.GraphModule:
-    """The unlifted, decomposed export of ``model(*args, **kwargs)``."""
+                 dynamic_shapes: Any = None, training: bool = False) -> fx.GraphModule:
+    """The unlifted, decomposed export of ``model(*args, **kwargs)``; for ``training``, a forward
+    applying a custom ``autograd.Function`` raises ``CustomBackwardError`` (``autograd_functions``)."""
+    with recording_functions() as functions:
+        try:
+            with _quiet():
+                program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                              strict=False)
+        except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
+            raise capture_error(exc, source) from exc
+    table = _decompositions()
+    if training:
+        check_recorded(functions, source)
+        if not functions:  # a Function's forward runs grad-disabled too (reentrant checkpoint): left as it was
+            _detach_no_grad_regions(program.graph_module)
+        table.pop(torch.ops.aten.detach.default, None)  # core-aten makes it an alias, which autograd goes through
     try:
         with _quiet():
-            program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                          strict=False)
-            program = program.run_decompositions(_decompositions())
+            program = program.run_decompositions(table)
             return program.module()
     except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
         raise capture_error(exc, source) from exc
+
+
+def _detach_no_grad_regions(gm: fx.GraphModule) -> None:
+    """Detach what a ``torch.no_grad()`` block of the forward computes (a teacher's output, spectral
+    norm's power iteration), in place: export's training IR wraps the block in
+    ``wrap_with_set_grad_enabled(False, ...)``, which decomposing inlines, and a training plan
+    then sent gradients through it into weights eager leaves untouched."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    graph = gm.graph
+    for node in [n for n in graph.nodes if hop is not None and n.target is hop and n.args[0] is False]:
+        items = list(node.users) if all(u.target is operator.getitem for u in node.users) else [node]
+        for item in items:
+            with graph.inserting_after(item):
+                detached = graph.call_function(torch.ops.aten.detach.default, (item,))
+            detached.meta.update(item.meta)
+            item.replace_all_uses_with(detached, delete_user_cb=lambda user, d=detached: user is not d)
+    gm.recompile()
 
 
 def automatic_dynamic_shapes(args: tuple, kwargs: dict, dims: dict[int, frozenset[int]]) -> Any:
@@ -229,8 +262,21 @@ def dynamo_weights(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[in
     return out
 
 
-def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source: str) -> fx.GraphModule:
-    """Retrace dynamo's graph to functional core-aten ops, keeping its inputs and outputs."""
+class _DetachingNoGrad(fx.Interpreter):
+    """Runs dynamo's graph detaching what its ``torch.no_grad()`` blocks compute (its
+    ``_set_grad_enabled(False)`` nodes run, but make_fx records no grad mode)."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if torch.is_grad_enabled():
+            return result
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), result)
+
+
+def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source: str,
+                      training: bool = False) -> fx.GraphModule:
+    """Retrace dynamo's graph to functional core-aten ops, keeping its inputs and outputs (and, for
+    ``training``, its no_grad blocks as ``aten.detach``)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -244,12 +290,16 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
     from torch._dispatch.python import enable_python_dispatcher
 
+    table = _decompositions()
+    if training:
+        table.pop(torch.ops.aten.detach.default, None)  # as for export_graph
+
     def trace(fn):
-        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(*fakes)
+        return make_fx(fn, decomposition_table=table, tracing_mode="real")(*fakes)
 
     try:  # decompose first: torch.func.functionalize cannot run composite ops (dropout) on symbolic sizes
         with mode, enable_python_dispatcher(), fx.traceback.preserve_node_meta():
-            traced = trace(fx.Interpreter(gm).run)
+            traced = trace((_DetachingNoGrad if training else fx.Interpreter)(gm).run)
             if any(n.op == "call_function" and writes_arguments(n.target) for n in traced.graph.nodes):
                 traced = trace(torch.func.functionalize(fx.Interpreter(traced).run, remove="mutations"))
     except Exception as exc:  # noqa: BLE001

@@ -17,7 +17,9 @@ Rewrite cases:
    so are weight reads the plan left unread (folded); everything else stays as it was.
 6. Training graphs: a buffer the graph writes back (``copy_``, BatchNorm running
    statistics) is read through a clone, so autograd's saved copy is not the tensor
-   ``copy_`` overwrites (torch.export's decomposed training graphs fail backward otherwise).
+   ``copy_`` overwrites (torch.export's decomposed training graphs fail backward otherwise),
+   and is written a ``detach`` of its new value, as eager writes it under ``no_grad`` (a
+   spectral norm's power-iteration vectors had become part of the autograd graph).
 7. The graph is checked by propagating fake tensors: a kernel whose output dtype differs
    from the plan's (e.g. CPU ``native_layer_norm`` returns FP16 statistics for an FP16
    input) gets a cast to the planned dtype in front of its readers, added to the IR too
@@ -189,6 +191,12 @@ def _clone_written(g: fx.Graph, first_compute: fx.Node) -> None:
     for node in [n for n in g.nodes if n.op in _WEIGHT_OPS]:
         writers = [u for u in node.users if writes_arguments(u.target) and u.args and u.args[0] is node]
         readers = [u for u in node.users if u not in writers]
+        for w in writers:  # written as eager writes buffers (under no_grad): not a node of the autograd graph
+            if len(w.args) > 1 and isinstance(w.args[1], fx.Node):
+                with g.inserting_before(w):
+                    detached = g.call_function(torch.ops.aten.detach.default, (w.args[1],))
+                detached.meta.update(w.args[1].meta)
+                w.args = (w.args[0], detached, *w.args[2:])
         if not writers or not readers:
             continue
         with g.inserting_before(first_compute) if node.op == "placeholder" else g.inserting_after(node):

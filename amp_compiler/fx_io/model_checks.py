@@ -4,7 +4,9 @@
   does not is a ``TypeError`` naming the signature, not a capture failure with advice about tracing;
 * ``warn_if_low_precision``: a model whose floating parameters the user already moved to float16 or
   bfloat16 (``model.half()``) is planned from those, so nothing the plan keeps "FP32" has FP32
-  weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``.
+  weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``;
+* ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
+  time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ def signature(model: torch.nn.Module) -> str:
         return "(...)"
 
 
+def warn_if_recurrent(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
+    """Warn that the recurrent modules of ``model`` are unrolled per time step (the first one named)."""
+    found = [(name, type(m).__name__) for name, m in model.named_modules() if isinstance(m, torch.nn.RNNBase)]
+    if found:
+        name, kind = found[0]
+        warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {kind} {name or '<root>'}"
+                      f"{f' and {len(found) - 1} more' if len(found) > 1 else ''} is unrolled by the capture into "
+                      f"its ops for every time step (FP16 where the plan converts them): each sequence length is "
+                      f"captured and planned apart, slowly for long sequences; pad to a few fixed lengths, or "
+                      f"compile the modules around it", stacklevel=stacklevel)
+
+
 def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
     """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling)."""
     dtypes = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
@@ -45,3 +59,12 @@ def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 
                   f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
                   f"FP32, training's master weights and optimizer), so these stay {dtype}: call model.float() "
                   f"before compiling", stacklevel=stacklevel)
+
+
+def scripted_submodule(model: torch.nn.Module) -> str:
+    """``path (Class)`` of the first ``torch.jit.script``-ed module in ``model`` ('' if none): neither
+    capture route traces into TorchScript (export calls it with its own arguments and fails)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            return f"{name or '<root>'} ({getattr(module, 'original_name', type(module).__name__)})"
+    return ""

@@ -1,0 +1,48 @@
+"""When torch.export cannot capture a model: the dynamo route's first call, or the one error that
+names module, line, construct and what to try next (docs/architecture.md, "Capture routes and shapes")."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from ..errors import ConversionError
+from .capture import failing_module
+from .model_checks import scripted_submodule
+from .plans import Plan
+
+
+def grad_mode(training: bool):
+    return contextlib.nullcontext() if training else torch.no_grad()
+
+
+def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
+                     export_error: ConversionError, training: bool) -> tuple[Plan, tuple]:
+    """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
+    naming module and construct."""
+    try:
+        with grad_mode(training):
+            plan, out = route.call(args, kwargs)
+        if plan.report is not None:
+            return plan, (out,)
+        dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
+    except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
+        inner = exc
+        while inner.__cause__ is not None and not isinstance(inner, ConversionError):
+            inner = inner.__cause__
+        dynamo = f"torch.compile failed too ({inner.reason if isinstance(inner, ConversionError) else inner})"
+    module = failing_module(export_error, model)
+    where = f"module {module}" if module else "the top-level forward"
+    scripted = scripted_submodule(model)
+    fix = (f"submodule {scripted} is torch.jit.script-ed, which neither route traces into: compile the model "
+           f"before scripting it") if scripted else (
+        "make that construct traceable (torch.where/torch.cond for a branch on values, a pytree registration "
+        "for a custom output type)")
+    raise ConversionError(route.source, f"{where}, {export_error.where}", f"{export_error.reason}; {dynamo}; next: "
+                          f"{fix}, or compile the submodules that trace (amp_compiler.compile(model.<submodule>, "
+                          f"...))") from export_error
+
+
+__all__ = ["dynamo_or_raise", "grad_mode"]
