@@ -148,10 +148,11 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
     parts = [f"{n} {'casts ' if not i else ''}at {kinds[kind]} {kind}" for i, (kind, n) in enumerate(borders.most_common(4))]
     if io:
-        parts.append(f"{io} {'' if borders else 'casts '}at graph inputs/outputs")
+        parts.append(f"{io} at graph inputs/outputs")
     if not parts:
         return [], io
-    lines = [("the casts border ops that stay FP32 whatever the plan: " if borders else "")
+    # "its": the all-low plan's casts, priced on the line before (not the chosen plan's, which the report lists)
+    lines = [("its casts border ops that stay FP32 whatever the plan: " if borders else "its casts: ")
              + ", ".join(parts)]
     reasons = Counter(held.values()).most_common(2)
     if reasons:
