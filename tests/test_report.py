@@ -313,6 +313,21 @@ def test_html_content():
     assert "3.00×" in page and "120.6 KiB" in page
 
 
+def test_html_says_what_the_text_report_s_first_lines_say():
+    """Why tensor-core work stayed FP32, a near tie, nothing to do, how the inputs were drawn: the
+    text report led with them and the HTML page had none."""
+    data = make_report(10)
+    data["summary"].update(fp32_tensor_core_why="FP32 by cost (ort-cuda): 3 tensor-core ops\nwould change it: --dim N",
+                           near_tie="+1.0 µs (0.5%) over FP32", nothing_to_do="nothing to do: <already> FP16",
+                           inputs_drawn={"pixel_values": "images in [0, 1]; batch = 1, pinned by Reshape 'r'"})
+    page = Report(data).to_html()
+    for said in ("FP32 by cost (ort-cuda): 3 tensor-core ops", "would change it: --dim N",
+                 "near tie: +1.0 µs (0.5%) over FP32", "nothing to do: &lt;already&gt; FP16",
+                 "input pixel_values: images in [0, 1]; batch = 1, pinned by Reshape &#x27;r&#x27;"):
+        assert said in page, said
+    assert "near tie" not in Report(make_report(10)).to_html()
+
+
 # ----------------------------------------------------------------------------- save
 
 @pytest.mark.parametrize("suffix,check", [

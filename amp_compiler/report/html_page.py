@@ -72,6 +72,10 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
         names = unknown if isinstance(unknown, list) else [unknown]
         parts.append(f'<p class="warn">Unknown ops (kept FP32): '
                      f'{", ".join(f"<code>{e(n)}</code>" for n in names)}</p>')
+    # what the text report's first lines say: a plan that did nothing, or left tensor-core work FP32, says why
+    said = [s.get("nothing_to_do"), *(s.get("fp32_tensor_core_why") or "").splitlines(),
+            f"near tie: {s['near_tie']}" if s.get("near_tie") else None]
+    parts += [f'<p class="warn">{e(line)}</p>' for line in said if line]
 
     # per-class breakdown
     counts = report.class_counts()
@@ -210,6 +214,9 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
                       if isinstance(o, Mapping) and o.get("note")]
         else:
             parts.append('<p class="none">No outputs compared.</p>')
+        drawn = s.get("inputs_drawn")
+        if isinstance(drawn, Mapping):  # how the inputs were made, and a size the graph pins
+            parts += [f'<p class="note">input {e(name)}: {e(how)}</p>' for name, how in drawn.items()]
         parts.append("</section>")
 
     for title_, content in sections:  # extra sections (a graph, ...): trusted HTML from amp-compiler
