@@ -161,7 +161,8 @@ def test_a_mask_fill_in_a_scalar_argument_runs_low_on_the_torch_path():
     assert torch.isfinite(out).all() and float((ref - out).abs().max() / ref.abs().max()) < 1e-2
 
 
-def test_calibration_does_not_flag_what_a_clamped_fill_flows_into():
+@pytest.mark.parametrize("planner", ["optimal", "all"], ids=["defaults", "all"])
+def test_calibration_does_not_flag_what_a_clamped_fill_flows_into(planner):
     """Calibration runs the FP32 model, where the mask holds finfo.min: rule 3 flagged the Where
     and the Add into the softmax (3.4e38 "beyond FP16"), and with --calibrate a dynamo GPT-NeoX,
     StableLM and Speech2Text were planned all FP32, though the converted model stores the fill
@@ -170,11 +171,12 @@ def test_calibration_does_not_flag_what_a_clamped_fill_flows_into():
     rng = np.random.default_rng(0)
     keep = rng.random((S, S)) < 0.7
     feeds = {"x": rng.standard_normal((S, D)).astype(np.float32), "keep": keep}
-    _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    options = {} if planner == "optimal" else {"planner": planner}
+    _, report = convert_onnx(m, calibration_inputs=feeds, **options)
     ops = {o["name"]: o["precision"] for o in report.ops}
     assert ops["mask_fill"] == ops["mask_add"] == ops["softmax"] == "float16", ops
     assert "fill" in report.summary["saturated_constants"]
     loud = {"x": feeds["x"] * 300, "keep": keep}  # scores of ~1e6: beyond FP16 before any mask
-    _, report = convert_onnx(m, planner="all", calibration_inputs=loud)
+    _, report = convert_onnx(m, calibration_inputs=loud, **options)
     ops = {o["name"]: o["precision"] for o in report.ops}
     assert ops["scores"] == ops["mask_add"] == ops["softmax"] == "float32", ops
