@@ -14,7 +14,8 @@ from typing import Iterable, Iterator
 from onnx import ModelProto, NodeProto
 
 from ..dims import DimSizes, names_in
-from .pinned_dims import _NAME, Pin, _dims, _equations, _shapes_from_inputs, free_dims, solve
+from .inference import tensor_type
+from .pinned_dims import _NAME, Pin, _equations, _shapes_from_inputs, free_dims, solve
 from .structure import graphs
 
 
@@ -87,7 +88,7 @@ def _derived(model: ModelProto, shapes: dict[str, tuple], free: set[str]) -> dic
 
 def _declared_against_inferred(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[str, str, str]]:
     for vi in (*model.graph.output, *model.graph.value_info):
-        declared, inferred = _dims(vi), shapes.get(vi.name)
+        declared, inferred = tensor_type(vi)[1], shapes.get(vi.name)
         if declared is not None and inferred is not None and len(declared) == len(inferred):
             for d, i in zip(declared, inferred):
                 if isinstance(d, str) and isinstance(i, str) and not _NAME.match(i):
@@ -95,7 +96,7 @@ def _declared_against_inferred(model: ModelProto, shapes: dict[str, tuple]) -> I
 
 
 def _concat_sums(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[str, str, str]]:
-    declared = {vi.name: _dims(vi) for vi in (*model.graph.output, *model.graph.value_info)}
+    declared = {vi.name: tensor_type(vi)[1] for vi in (*model.graph.output, *model.graph.value_info)}
     for node in model.graph.node:
         out = declared.get(node.output[0]) if node.op_type == "Concat" and node.output else None
         expression = _concat_sum(node, shapes, len(out)) if out is not None else None
@@ -118,7 +119,7 @@ def _cache_mask(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[s
         return
     (length,) = lengths
     for vi in model.graph.input:
-        dims = _dims(vi)
+        dims = tensor_type(vi)[1]
         if "mask" in vi.name.lower() and dims and isinstance(dims[-1], str) and _NAME.match(dims[-1]):
             yield dims[-1], length, f"{vi.name!r} masks the cache and the new tokens ({length})"
 

@@ -21,6 +21,8 @@ from typing import Iterable, Iterator
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
+from .inference import light_copy, tensor_type
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*\Z")
 #: a Reshape target longer than this is not read (shapes are short)
 _MAX_TARGET = 16
@@ -117,7 +119,7 @@ def _equations(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[tu
         where = f"Reshape {node.name or node.output[0]!r} of [{', '.join(map(str, shape))}] to {list(target)}"
         yield shape, resolved, where
     for vi in (*model.graph.value_info, *model.graph.output):
-        declared, inferred = _dims(vi), shapes.get(vi.name)
+        declared, inferred = tensor_type(vi)[1], shapes.get(vi.name)
         if declared is None or inferred is None or len(declared) != len(inferred):
             continue
         for d, i in zip(declared, inferred):
@@ -129,7 +131,6 @@ def _equations(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[tu
 def _shapes_from_inputs(model: ModelProto) -> dict[str, tuple]:
     """Each main-graph value's shape inferred from the inputs alone (declared shapes dropped), by
     ONNX Runtime's symbolic inference (``4*batch``) where it runs, else onnx's."""
-    from .inference import light_copy, tensor_type
     from .symbolic_dims import symbolic_model
 
     light = light_copy(model)
@@ -144,13 +145,6 @@ def _shapes_from_inputs(model: ModelProto) -> dict[str, tuple]:
             return {}
     values = (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
     return {vi.name: shape for vi in values for _, shape in (tensor_type(vi),) if shape is not None}
-
-
-def _dims(vi) -> tuple | None:
-    tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-        return None
-    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
 
 
 def _target(name: str, initializers: dict[str, TensorProto], constants: dict[str, NodeProto]
