@@ -13,6 +13,7 @@ from amp_compiler.ir import PrecisionGraph
 
 from .base import PlanContext
 from .costs import OpTimer, PlanEnergy
+from .plan_memory import plan_memory
 
 __all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
 
@@ -46,7 +47,9 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
         d_total = energy.total(flipped)[0] - energy.total(plan)[0]
         d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
-        saved = energy.memory(plan) - energy.memory(flipped)
+        # the report's measure (weights plus peak activations), not the cut's sum of every output
+        saved = (plan_memory(graph, energy, plan, ctx.low_dtype, ctx.keep_io_types)
+                 - plan_memory(graph, energy, flipped, ctx.low_dtype, ctx.keep_io_types))
         lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
                      f"GEMM/conv FLOPs")
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}, memory by "
