@@ -6,6 +6,7 @@ empty when every GEMM/conv FLOP runs in the low dtype); the terminal table print
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
@@ -16,6 +17,10 @@ from .costs import OpTimer, PlanEnergy
 from .plan_memory import plan_memory
 
 __all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
+
+#: the op names a deny-propagation reason carries (``passes/propagate.py``): one reason per op,
+#: which a count of reasons must read as one
+_DOWNSTREAM_OF = re.compile(r"downstream of deny op \S+ through \S+:")
 
 
 def unplanned_float(graph: PrecisionGraph, op) -> str | None:
@@ -145,7 +150,8 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
         if fixed:
             borders.update({op.op_type: 1 for op in fixed})
-            held.update({op.name: op.reason.split(": ", 1)[-1] for op in fixed})
+            held.update({op.name: _DOWNSTREAM_OF.sub("downstream of a deny op through infer/clear ops:",
+                                                     op.reason.split(": ", 1)[-1]) for op in fixed})
         else:
             io += 1
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
@@ -159,5 +165,5 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
              + ", ".join(parts)]
     reasons = Counter(held.values()).most_common(2)
     if reasons:
-        lines.append("held FP32 by: " + "; ".join(f"{why} ({n} ops)" for why, n in reasons))
+        lines.append("held FP32 by: " + "; ".join(f"{why} ({n} op{'s' if n > 1 else ''})" for why, n in reasons))
     return lines, io

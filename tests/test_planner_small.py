@@ -155,6 +155,22 @@ def test_why_prices_memory_as_the_report_does():
     assert -span - 2 ** 20 / 200 <= change < 0, (change, span)  # at most what all-FP16 saves (to the 2 decimals)
 
 
+def test_why_counts_ops_held_by_deny_propagation_as_one_reason():
+    """Each op deny propagation holds carries the names of its deny op and path in its reason; the
+    "held FP32 by" line counted each as a reason of its own: "... through b0_Add_25: ... (1 ops)"."""
+    import re
+
+    from benchmarks.synthetic import transformer_graph
+
+    _, report = convert_onnx(transformer_graph(150))  # decomposed statistics: Pow (deny), then Adds
+    graph_ops = {op["name"] for op in report.data["ops"]}
+    held = next(line for line in report.summary["fp32_tensor_core_why"].splitlines() if line.startswith("held"))
+    counts = {why.strip(): int(n) for why, n in re.findall(r"([^;]+) \((\d+) ops?\)", held[len("held FP32 by: "):])}
+    downstream = [n for why, n in counts.items() if why.startswith("downstream of a deny op")]
+    assert downstream and downstream[0] > 1, held
+    assert not any(name in held for name in graph_ops), held  # no op's name: a count of kinds
+
+
 def test_why_counts_casts_and_the_ops_they_border_apart():
     """An Exp (deny) between two small convolutions: two casts border one op. The first lines
     said "2x Exp", read as two Exp ops (a Segformer's four deny ops read "8x")."""
