@@ -98,7 +98,21 @@ def build_report(result: PlanResult) -> Report:
         "tensors": tensor_table(graph),  # schema 1.1: the edges' sizes (docs/report-schema.md)
     }
     fill_memory(data)  # summary's predicted_memory_* keys: the one estimate (report_memory.py)
+    _why_with_memory(summary)
     return Report(data)
+
+
+def _why_with_memory(summary: dict[str, Any]) -> None:
+    """Close the why-lines' "all-fp16 would change ..." line with the memory change the summary
+    predicts from this plan to all-FP16 (weights plus peak activations, ``report_memory.py``)."""
+    why = summary.get("fp32_tensor_core_why") or ""
+    mixed, low = summary.get("predicted_memory_mixed_bytes"), summary.get("predicted_memory_all_fp16_bytes")
+    if mixed is None or low is None or "\nall-" not in "\n" + why:
+        return
+    lines = why.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("all-"))
+    lines[i] += f", memory by {(low - mixed) / 2 ** 20:+.2f} MiB"
+    summary["fp32_tensor_core_why"] = "\n".join(lines)
 
 
 def _nothing_to_do(result: PlanResult) -> dict[str, Any]:
