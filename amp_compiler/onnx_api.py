@@ -17,7 +17,7 @@ from .dims import names_in
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .input_gen import waveform_dims
-from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules
+from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules, walk_nodes
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
@@ -130,11 +130,12 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
     converted = emit(imp, result)
     report = build_report(result)  # after emission: the report describes the emitted model
-    record_modules(converted, report)  # the exporter's module paths, for the report's graph
+    nodes = list(walk_nodes(converted.graph, nested=len(imp.graphs) > 1))  # the importer met every subgraph
+    record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph
     if drawn:
         report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if annotate:
-        annotate_model(converted, report)
+        annotate_model(converted, report, nodes)
     return ConvertedModel(converted, report, base_dir, imp.pending)
 
 
