@@ -75,25 +75,56 @@ CPU_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion"]
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
               label: str = "model") -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
-    run failure is a ``ConversionError`` naming ``label``."""
+    run failure is a ``ConversionError`` naming ``label`` (a load failure's reason starts "cannot load
+    it"). A file whose constants lie in external files, as ``onnx.save(..., size_threshold=0)`` writes,
+    is loaded whole and handed over in memory where ORT's own loader cannot read a shape input."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
-    payload = model if isinstance(model, str) else model.SerializeToString()
     providers = providers or ["CPUExecutionProvider"]
+    disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
+    payload = model if isinstance(model, str) else model.SerializeToString()
     try:
-        disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
-        sess = ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
-        names = {i.name for i in sess.get_inputs()}
-        return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+        try:
+            sess = ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
+        except Exception as exc:
+            whole = _loaded_whole(payload, exc)
+            if whole is None:
+                raise
+            sess = ort.InferenceSession(whole, opts, providers=providers, disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own exception types per failure kind
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = ""
-        if "NOT_IMPLEMENTED" in detail:
-            hint = (f" (the {providers[0]} has no kernel for it; validate on the target's provider, or with "
-                    f"ONNX's reference evaluator: --runtime reference)")
-        raise ConversionError(label, "ONNX Runtime", f"{detail}{hint}") from None
+        raise ConversionError(label, "ONNX Runtime", "cannot load it: " + _ort_detail(exc, providers)) from None
+    names = {i.name for i in sess.get_inputs()}
+    try:
+        return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    except Exception as exc:
+        raise ConversionError(label, "ONNX Runtime", _ort_detail(exc, providers)) from None
+
+
+#: what ONNX Runtime (1.32) says when its shape inference needs a constant stored in an external file
+_EXTERNAL_SHAPE_INPUT = "Cannot parse data from external tensors"
+_PROTOBUF_LIMIT = 2 ** 31 - 1
+
+
+def _loaded_whole(payload, exc: Exception) -> bytes | None:
+    """``payload`` (a path) with its external data read in, serialized, where ``exc`` is ORT failing
+    to read a shape input from an external file and the whole fits in one protobuf; else None."""
+    if not isinstance(payload, str) or _EXTERNAL_SHAPE_INPUT not in str(exc):
+        return None
+    import onnx
+
+    whole = onnx.load(payload)
+    return whole.SerializeToString() if whole.ByteSize() < _PROTOBUF_LIMIT else None
+
+
+def _ort_detail(exc: Exception, providers: list[str]) -> str:
+    """ORT's first line, and what to do where the provider lacks a kernel."""
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "NOT_IMPLEMENTED" in detail:
+        detail += (f" (the {providers[0]} has no kernel for it; validate on the target's provider, or with "
+                   f"ONNX's reference evaluator: --runtime reference)")
+    return detail
 
 
 def compare_outputs(names: list[str], expected: list[np.ndarray], actual: list[np.ndarray],

@@ -59,3 +59,38 @@ def test_an_fp32_output_below_fp16s_normal_range_is_said_to_underflow(tmp_path, 
     assert "--calibrate keeps the ops FP16 cannot hold FP32" in err
     assert main([str(src), "-o", str(out), "--validate", "--dtype", "bf16", "--runtime", "reference"]) == 0
     assert "smallest normal" not in capsys.readouterr().err
+
+
+def test_a_model_with_every_constant_in_external_files_validates(tmp_path, capsys):
+    """``onnx.save(..., size_threshold=0)`` puts a Reshape's shape in a file of its own, which ONNX
+    Runtime's loader cannot read for shape inference ("Cannot parse data from external tensors"):
+    --validate failed on the FP32 model, advising --dim for inputs that were not the cause. The
+    FP32 model is now handed to ORT with its data read in; the converted file keeps small tensors inline."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Reshape", ["h", "shape"], ["y"], name="split")]
+    inits = [weight("W", 16, 16), numpy_helper.from_array(np.array([2, 2, 8], np.int64), "shape")]
+    src, out = tmp_path / "in" / "m.onnx", tmp_path / "o.onnx"
+    src.parent.mkdir()
+    onnx.save(model(nodes, [fin("x", 2, 16)], [fin("y", 2, 2, 8)], inits), str(src), save_as_external_data=True,
+              all_tensors_to_one_file=False, size_threshold=0)
+    with pytest.raises(Exception, match="Cannot parse data from external tensors"):
+        ort.InferenceSession(str(src))  # what made the FP32 run fail
+    assert main([str(src), "-o", str(out), "--validate", "--planner", "all", "-q"]) == 0
+    ort.InferenceSession(str(out))
+    assert leftovers(tmp_path) == []
+
+
+def test_a_fp32_model_runtime_cannot_load_is_not_blamed_on_the_drawn_inputs():
+    """The hint about the inputs we drew is for a run that fails on them, not for a model that does not load."""
+    from types import SimpleNamespace
+
+    from amp_compiler.cli import _drawn_inputs_hint
+    from amp_compiler.errors import ConversionError
+
+    args = SimpleNamespace(drawn_shapes={"x": [2, 16]})
+    run = ConversionError("the FP32 model", "ONNX Runtime", "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : shape")
+    load = ConversionError("the FP32 model", "ONNX Runtime", "cannot load it: [ONNXRuntimeError] : 1 : FAIL")
+    assert "--dim NAME=SIZE" in _drawn_inputs_hint(args, run) and _drawn_inputs_hint(args, load) == ""
