@@ -359,6 +359,9 @@ def test_classify_roles_from_schemas_and_registry():
     custom = {o["name"]: o for o in report.ops}["custom"]
     assert custom["class"] == "unknown" and "unknown op my.domain::MyOp" in custom["reason"]
     assert report.summary["unknown_ops"] == ["my.domain::MyOp"]
+    # not counted FP32 ("n/a": no plan changes its dtypes), so the summary does not say "kept FP32"
+    assert custom["precision"] == "n/a" and "my.domain::MyOp (run as exported, in their source dtypes)" in \
+        report.to_text()
 
 
 def test_graph_output_also_read_by_fp32_op_keeps_its_name_and_dtype():

@@ -70,7 +70,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     unknown = s.get("unknown_ops")
     if unknown:
         names = unknown if isinstance(unknown, list) else [unknown]
-        parts.append(f'<p class="warn">Unknown ops (kept FP32): '
+        parts.append(f'<p class="warn">Unknown ops (run as exported, in their source dtypes): '
                      f'{", ".join(f"<code>{e(n)}</code>" for n in names)}</p>')
     # what the text report's first lines say: a plan that did nothing, or left tensor-core work FP32, says why
     said = [s.get("nothing_to_do"), *(s.get("fp32_tensor_core_why") or "").splitlines(),

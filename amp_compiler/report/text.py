@@ -62,7 +62,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
     unknown = s.get("unknown_ops")
     if unknown:
         names = unknown if isinstance(unknown, list) else [unknown]
-        rows.append(("unknown ops", ", ".join(clean(n) for n in names) + " (kept FP32)"))
+        rows.append(("unknown ops", ", ".join(clean(n) for n in names) + " (run as exported, in their source dtypes)"))
     lw = max(len(k) for k, _ in rows)
     out += [trunc_end(f"{INDENT}{k:<{lw}}  {v}", W) for k, v in rows]
 
