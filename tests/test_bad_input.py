@@ -994,3 +994,14 @@ def test_a_low_dtype_the_cpu_runtime_cannot_run_points_to_the_reference_evaluato
     status, _ = run_cli([inp, "-o", out, "--dtype", "bf16", "--planner", "all", "--validate", "--runtime", "reference"],
                         capsys)
     assert status == 0 and out.exists()
+
+
+def test_a_graph_input_without_a_shape_is_named(tmp_path, capsys):
+    """ONNX Runtime loads a model whose graph input declares no shape, but onnx's checker refuses it
+    with "Field 'shape' of 'type' is required but missing", which named no value."""
+    m = mlp()
+    m.graph.input[0].type.tensor_type.ClearField("shape")
+    inp = save(m, tmp_path / "m.onnx")
+    assert_refused(capsys, inp, f"{inp}: graph input 'x': has no shape: ONNX requires one on the main graph's inputs "
+                                "and outputs (symbolic dims are fine: dim_param), so the model is not valid ONNX; "
+                                "declare its rank and dims", out=tmp_path / "out.onnx")

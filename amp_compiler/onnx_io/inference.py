@@ -56,10 +56,26 @@ def run_checker(light: ModelProto, source: str, stand_ins: list[TensorProto] | N
         text = str(exc)
         context = _CHECKER_CONTEXT.search(text)
         where = ""
+        if _NO_SHAPE in text and (unshaped := _unshaped_io(light)):
+            raise ConversionError(source, unshaped, "has no shape: ONNX requires one on the main graph's inputs "
+                                                    "and outputs (symbolic dims are fine: dim_param), so the model "
+                                                    "is not valid ONNX; declare its rank and dims") from None
         if context:
             name, op = context.group(1).strip(), context.group(2)
             where = f"node {name!r} ({op})" if name else f"a {op} node"
         raise ConversionError(source, where, f"invalid ONNX model: {text.strip().splitlines()[0]}") from None
+
+
+_NO_SHAPE = "Field 'shape' of 'type' is required but missing"
+
+
+def _unshaped_io(model: ModelProto) -> str:
+    """The first main-graph input or output whose tensor type has no shape, as the error names it."""
+    for kind, values in (("graph input", model.graph.input), ("graph output", model.graph.output)):
+        for v in values:
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape"):
+                return f"{kind} {v.name!r}"
+    return ""
 
 
 @contextmanager
