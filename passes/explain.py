@@ -10,7 +10,7 @@ import re
 from collections import Counter
 
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
-from amp_compiler.ir import PrecisionGraph
+from amp_compiler.ir import CONSTANT, PARAMETER, PrecisionGraph
 
 from .base import PlanContext
 from .costs import OpTimer, PlanEnergy
@@ -139,6 +139,7 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     borders: Counter = Counter()
     held: dict[str, str] = {}  # bordering op -> why it stays FP32
     io = 0
+    weights: Counter = Counter()  # PARAMETER / CONSTANT -> casts at weights no op holds FP32
     for term in energy.terms:
         if not energy.term_cost(term, plan):
             continue
@@ -149,10 +150,16 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
             borders.update({op.op_type: 1 for op in fixed})
             held.update({op.name: _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
                                                      op.reason.split(": ", 1)[-1]) for op in fixed})
+        elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
+            weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
         else:
             io += 1
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
     parts = [f"{n} {'casts ' if not i else ''}at {kinds[kind]} {kind}" for i, (kind, n) in enumerate(borders.most_common(4))]
+    if weights[PARAMETER]:
+        parts.append(f"{weights[PARAMETER]} at parameters cast every call (training mode keeps their FP32 master copy)")
+    if weights[CONSTANT]:
+        parts.append(f"{weights[CONSTANT]} at weights stored FP32 and cast every call")
     if io:
         parts.append(f"{io} at graph inputs/outputs")
     if not parts:
