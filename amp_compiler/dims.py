@@ -111,4 +111,20 @@ class DimSizes(dict):
         return {n for n in names if n not in self}
 
 
-__all__ = ["DimSizes", "names_in"]
+def check_sizes(dim_values, default_dim) -> None:
+    """A ``TypeError`` or ``ValueError`` saying what is wrong with sizes a caller passed (a
+    ``{"batch": "4"}`` failed deep in the cost model with "unsupported operand type(s)")."""
+    if isinstance(default_dim, bool) or not isinstance(default_dim, int) or default_dim < 1:
+        raise ValueError(f"default_dim must be a positive int, got {default_dim!r}")
+    if dim_values is None:
+        return
+    if not isinstance(dim_values, dict):
+        raise TypeError(f"dim_values must be a dict of dim name -> size, got {type(dim_values).__name__}")
+    for name, size in dim_values.items():
+        if not isinstance(name, str):
+            raise TypeError(f"dim_values: a dim name must be a str, got {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"dim_values[{name!r}] must be a positive int, got {size!r}")
+
+
+__all__ = ["DimSizes", "check_sizes", "names_in"]

@@ -13,7 +13,7 @@ from cost_model.runtime import default_runtime
 from passes.user_rules import UserRules
 
 from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
-from .dims import names_in
+from .dims import check_sizes, names_in
 from .errors import ConversionError
 from .gcpause import gc_paused
 from .input_gen import waveform_dims
@@ -89,6 +89,10 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     plan's decisions (``onnx_io.annotate``), for byte-minimal files.
     Raises ``ConversionError`` (file, op or tensor, reason) for models it cannot convert.
     """
+    if not isinstance(model_or_path, (ModelProto, str, os.PathLike)):
+        raise TypeError(f"convert_onnx takes an onnx.ModelProto or the path of an .onnx file, got "
+                        f"{type(model_or_path).__name__}")
+    check_sizes(dim_values, default_dim)
     registry = custom_registry(_custom_rows(custom_ops)) if custom_ops is not None else None
     ctx = make_context(target=load_device(target), dtype=dtype, planner=planner, keep_io_types=keep_io_types,
                        allow=allow, deny=deny, deny_nodes=deny_nodes, default_dim=default_dim, profile=profile,

@@ -1005,3 +1005,19 @@ def test_a_graph_input_without_a_shape_is_named(tmp_path, capsys):
     assert_refused(capsys, inp, f"{inp}: graph input 'x': has no shape: ONNX requires one on the main graph's inputs "
                                 "and outputs (symbolic dims are fine: dim_param), so the model is not valid ONNX; "
                                 "declare its rank and dims", out=tmp_path / "out.onnx")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(model_or_path=123), TypeError, "convert_onnx takes an onnx.ModelProto or the path of an .onnx file, got int"),
+    (dict(dim_values={"batch": "4"}), ValueError, "dim_values['batch'] must be a positive int, got '4'"),
+    (dict(dim_values=[("batch", 4)]), TypeError, "dim_values must be a dict of dim name -> size, got list"),
+    (dict(default_dim=0), ValueError, "default_dim must be a positive int, got 0"),
+])
+def test_api_arguments_of_the_wrong_kind_are_named(tmp_path, kwargs, error, message):
+    """These failed deep inside (``os.fspath``, the cost model's ``+=`` on a str size)."""
+    from amp_compiler import convert_onnx
+
+    kwargs = {"model_or_path": save(mlp(), tmp_path / "m.onnx"), **kwargs}
+    with pytest.raises(error) as info:
+        convert_onnx(**kwargs)
+    assert str(info.value) == message
