@@ -72,14 +72,25 @@ def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str
 CPU_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion"]
 
 
+def onnxruntime():
+    """The ``onnxruntime`` module, or a ``ConversionError`` saying how to get it (an install with
+    ``--no-deps``, or a broken ``-gpu`` one: "internal error: ModuleNotFoundError" before)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ConversionError("", "ONNX Runtime", f"cannot be imported ({exc}): --validate, --calibrate and "
+                                                  "--fallback run the model on it; pip install onnxruntime "
+                                                  "(onnxruntime-gpu for CUDA, never both)") from None
+    return ort
+
+
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
               label: str = "model") -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
     run failure is a ``ConversionError`` naming ``label`` (a load failure's reason starts "cannot load
     it"). A file whose constants lie in external files, as ``onnx.save(..., size_threshold=0)`` writes,
     is loaded whole and handed over in memory where ORT's own loader cannot read a shape input."""
-    import onnxruntime as ort
-
+    ort = onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
     providers = providers or ["CPUExecutionProvider"]

@@ -1021,3 +1021,15 @@ def test_api_arguments_of_the_wrong_kind_are_named(tmp_path, kwargs, error, mess
     with pytest.raises(error) as info:
         convert_onnx(**kwargs)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("flag", ["--validate", "--calibrate", "--fallback"])
+def test_runtime_options_without_onnxruntime_say_how_to_get_it(tmp_path, capsys, monkeypatch, flag):
+    """An install without ONNX Runtime (``--no-deps``, a broken ``-gpu`` build) ended these in
+    "internal error: ModuleNotFoundError ... this is a bug"."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    inp = save(mlp(), tmp_path / "m.onnx")
+    assert_refused(capsys, inp, "ONNX Runtime: cannot be imported (import of onnxruntime halted; None in "
+                                "sys.modules): --validate, --calibrate and --fallback run the model on it; pip "
+                                "install onnxruntime (onnxruntime-gpu for CUDA, never both)",
+                   out=tmp_path / "out.onnx", extra=[flag])
