@@ -20,13 +20,21 @@ __all__ = ["ConversionError", "Report", "__version__", "compile", "compile_train
 
 #: public name -> the submodule defining it, imported on first access
 _LAZY = {"convert_onnx": "onnx_api", "Report": "report", "compile": "torch_api", "compile_training": "training"}
+_NEEDS_TORCH = ("compile", "compile_training")
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         from importlib import import_module
 
-        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+        try:
+            module = import_module(f"{__name__}.{_LAZY[name]}")
+        except ImportError as exc:  # a plain install carries no torch ("[torch]" extra)
+            if name in _NEEDS_TORCH and (exc.name or "").split(".")[0] == "torch":
+                raise ImportError(f"amp_compiler.{name} needs PyTorch, which cannot be imported ({exc}): "
+                                  "pip install 'amp-compiler[torch]'") from None
+            raise
+        value = getattr(module, name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,8 +79,8 @@ def onnxruntime():
         import onnxruntime as ort
     except ImportError as exc:
         raise ConversionError("", "ONNX Runtime", f"cannot be imported ({exc}): --validate, --calibrate and "
-                                                  "--fallback run the model on it; pip install onnxruntime "
-                                                  "(onnxruntime-gpu for CUDA, never both)") from None
+                                                  "--fallback run the model on it; pip install 'amp-compiler[cpu]' "
+                                                  "('[gpu]' for onnxruntime-gpu, never both)") from None
     return ort
 
 

@@ -1031,5 +1031,17 @@ def test_runtime_options_without_onnxruntime_say_how_to_get_it(tmp_path, capsys,
     inp = save(mlp(), tmp_path / "m.onnx")
     assert_refused(capsys, inp, "ONNX Runtime: cannot be imported (import of onnxruntime halted; None in "
                                 "sys.modules): --validate, --calibrate and --fallback run the model on it; pip "
-                                "install onnxruntime (onnxruntime-gpu for CUDA, never both)",
+                                "install 'amp-compiler[cpu]' ('[gpu]' for onnxruntime-gpu, never both)",
                    out=tmp_path / "out.onnx", extra=[flag])
+
+
+def test_compile_without_torch_says_which_extra_installs_it(monkeypatch):
+    """A plain ``pip install`` carries no torch: ``amp_compiler.compile`` raised a bare
+    ``ModuleNotFoundError`` from inside the package."""
+    import amp_compiler
+
+    monkeypatch.delitem(amp_compiler.__dict__, "compile", raising=False)  # resolved afresh (PEP 562)
+    monkeypatch.delitem(sys.modules, "amp_compiler.torch_api", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ImportError, match=r"amp_compiler.compile needs PyTorch, .*pip install 'amp-compiler\[torch\]'"):
+        amp_compiler.compile
