@@ -10,6 +10,7 @@ from onnx import ModelProto
 
 from .errors import ConversionError
 from .metrics import error_stats
+from .overflow import probed_runs, runnable
 
 
 def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
@@ -153,15 +154,32 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     """
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
-    outputs = []
+    probed = _probed_pair(original, converted) if low == "float16" else None
+    outputs, overflows = [], []
     for label, variant in _branch_feeds(graph, feeds):
-        expected = runner(original, variant, label="the FP32 model")
-        actual = runner(converted, _as_declared(converted, variant), label="the converted model")
+        if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
+            expected, actual, rows = probed_runs(*probed, variant, _as_declared(probed[1], variant), runner)
+            overflows += [{**row, "name": row["name"] + label} for row in rows]
+        else:
+            expected = runner(original, variant, label="the FP32 model")
+            actual = runner(converted, _as_declared(converted, variant), label="the converted model")
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
-    return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
-            "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+    result = {"tolerance": tolerance, "passed": bool(worst <= tolerance and not overflows), "max_rel_error": worst,
+              "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+    if probed is not None:
+        result["overflows"] = overflows
+    return result
+
+
+def _probed_pair(original: ModelProto | str, converted: ModelProto | str) -> tuple[ModelProto, ModelProto] | None:
+    """Both models in memory for the overflow check, or None where one keeps tensors in external
+    data (a model over 2 GB is not copied into memory to be probed)."""
+    import onnx
+
+    pair = tuple(onnx.load(m, load_external_data=False) if isinstance(m, str) else m for m in (original, converted))
+    return pair if all(runnable(m) for m in pair) else None
 
 
 def _branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:

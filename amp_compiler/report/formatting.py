@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .schema import PRECISION_LABEL
 
@@ -141,3 +141,11 @@ def ratio(a: Any, b: Any) -> float | None:
 def short_dtype(d: Any) -> str:
     return PRECISION_LABEL.get(clean(d), clean(d) or "?")
 
+
+
+def overflow_lines(validation: Mapping) -> list[str]:
+    """One line per value validation's overflow check found (``amp_compiler/overflow.py``)."""
+    rows = validation.get("overflows") if isinstance(validation.get("overflows"), list) else []
+    return [f"overflow: {clean(r.get('name'))} (written by {clean(r.get('writer'))}) reaches "
+            f"{fmt_sci(r.get('fp32_peak'))} in the FP32 run, inf in FP16 (a GPU computes it so; "
+            "--calibrate keeps it FP32)" for r in rows if isinstance(r, Mapping)]

@@ -1,0 +1,71 @@
+"""Validation's overflow check (``amp_compiler/overflow.py``): an FP16 value that overflows on a GPU
+fails ``--validate`` on ONNX Runtime's CPU provider too, which computes such ops in FP32."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from amp_compiler.cli import main
+from tests.builders import fin, model, weight
+
+pytest.importorskip("onnxruntime")
+
+
+def _ffn(tail=(), **constants):
+    """A T5 FFN whose ``wo`` result reaches ~1e5 on N(0, 1) inputs (weights scaled as in the field)."""
+    nodes = [helper.make_node("MatMul", ["x", "Wi"], ["h"], name="wi"),
+             helper.make_node("Relu", ["h"], ["r"], name="act"),
+             helper.make_node("MatMul", ["r", "Wo"], ["o"], name="wo"), *tail]
+    out = tail[-1].output[0] if tail else "o"
+    return model(nodes, [fin("x", 2, 16, 64)], [fin(out, 2, 16, 64)],
+                 [weight("Wi", 64, 128, scale=10.0), weight("Wo", 128, 64, scale=100.0),
+                  *(helper.make_tensor(k, 1, [], [v]) for k, v in constants.items())])
+
+
+def _convert(tmp_path, m, *flags):
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    src.write_bytes(m.SerializeToString())
+    status = main([str(src), "-o", str(out), "--validate", "--report", str(rep), "--report", str(rep.with_suffix(".txt")),
+                   "-q", *flags])
+    return status, out, json.loads(rep.read_text())
+
+
+def test_an_fp16_matmul_past_65504_fails_validation_on_the_cpu_runtime(tmp_path, capsys):
+    """A T5 with realistic FFN scales passed --validate (error 6e-4) while a GPU gives inf: ONNX
+    Runtime's CPU provider ran the FP16 MatMul in FP32. The exposed FP16 value shows the overflow."""
+    status, out, report = _convert(tmp_path, _ffn([helper.make_node("Mul", ["o", "c"], ["y"], name="scale")],
+                                                   c=1e-3), "--planner", "all")
+    err = capsys.readouterr().err
+    assert status == 1 and not out.exists()
+    assert [row["writer"] for row in report["validation"]["overflows"]] == ["wo"]
+    assert "o (written by wo) reaches" in err and "is inf in FP16" in err and "--calibrate" in err
+    assert "overflow: o (written by wo) reaches" in (tmp_path / "r.txt").read_text()
+
+
+def test_calibration_keeps_the_overflowing_matmul_fp32_and_validation_passes(tmp_path):
+    status, out, report = _convert(tmp_path, _ffn(), "--planner", "all", "--calibrate")
+    assert status == 0 and out.exists() and report["validation"]["overflows"] == []
+    wo = next(op for op in report["ops"] if op["name"] == "wo")
+    assert wo["precision"] == "float32" and "calibration data" in wo["reason"]
+
+
+def test_an_overflow_a_saturating_op_absorbs_is_not_a_failure(tmp_path):
+    """GELU's tanh form in FP16: h^3 (h ~ 800) overflows to inf and tanh returns +-1 as in FP32
+    (numerics rule 9); the inf values on the way are no failure (a Flan-T5's gated GELU)."""
+    nodes = [helper.make_node("MatMul", ["x", "Wi"], ["h"], name="wi"),
+             helper.make_node("Pow", ["h", "three"], ["p"], name="cube"),
+             helper.make_node("Mul", ["p", "k"], ["pk"], name="coef"),
+             helper.make_node("Add", ["h", "pk"], ["a"], name="shift"),
+             helper.make_node("Tanh", ["a"], ["y"], name="tanh")]
+    inits = [weight("Wi", 64, 64, scale=100.0), helper.make_tensor("three", 1, [], [3.0]),
+             helper.make_tensor("k", 1, [], [0.044715])]
+    m = model(nodes, [fin("x", 2, 16, 64)], [fin("y", 2, 16, 64)], inits)
+    # tanh's steep middle makes FP16's rounding of h ~ 800 show as error there: only overflow fails
+    status, out, report = _convert(tmp_path, m, "--planner", "all", "--tolerance", "1")
+    cube = next(op for op in report["ops"] if op["name"] == "cube")
+    assert cube["precision"] == "float16"  # its value does overflow in the converted model
+    assert status == 0 and report["validation"]["overflows"] == []
