@@ -54,8 +54,10 @@ def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str
     """
     from onnx.reference import ReferenceEvaluator
 
+    from .reference_ops import REFERENCE_FIXES
+
     try:
-        sess = ReferenceEvaluator(model)
+        sess = ReferenceEvaluator(model, new_ops=REFERENCE_FIXES)
         names = set(sess.input_names)
         return list(sess.run(None, {k: v for k, v in feeds.items() if k in names}))
     except Exception as exc:  # the evaluator raises whatever its op implementations raise
