@@ -6,7 +6,9 @@ op, how much error it *adds*: the relative error of its output minus the worst
 relative error of its inputs. The worst offenders, with the low-precision ops that
 feed them, are denied (``deny_nodes``), the
 model is re-planned — so casts stay optimal around them — and checked again; the
-number moved doubles each round, so a handful of rounds suffice.
+number moved doubles each round, so a handful of rounds suffice. The writers of values that
+overflow FP16 (``overflow.py``: the CPU runtime computes them in FP32, so their error is
+invisible there) are moved first, all of them at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .dtypes import LOW_PRECISION
 from .errors import ConversionError
 from .metrics import max_rel_error, rel_error
 from .onnx_io.probe import run_exposed
+from .overflow import probed_runs, runnable
 from .validate import run_model
 
 
@@ -76,33 +79,42 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
     ``runner`` runs a model (ONNX Runtime by default; ``validate.run_reference`` rounds
     exactly like FP16 hardware, slowly). Returns ``(ConvertedModel, moved op names)``.
     """
-    denied = list(deny_nodes)
+    user = "deny: node named by the user (--deny-node)"
+    denied = dict.fromkeys(deny_nodes, user)  # op name -> its reason (``passes/classify.py`` reports it)
     moved: list[str] = []
     expected = runner(original, feeds, label="the FP32 model")
     take = 1
     for round_ in range(max_rounds + 1):
         result = convert(deny_nodes=denied)
         converted, report = result.model, result.report
-        worst = max_rel_error(expected, runner(converted, feeds, label="the converted model"))
+        overflowing = {}  # writers of values FP16 cannot hold: the CPU runtime hides them (``overflow.py``)
+        if runnable(original) and runnable(converted):
+            _, actual, rows = probed_runs(original, converted, feeds, feeds, runner)
+            overflowing = {r["writer"]: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
+                           for r in rows if r["writer"] not in denied}
+        else:
+            actual = runner(converted, feeds, label="the converted model")
+        worst = max_rel_error(expected, actual)
         if progress:
-            progress(f"fallback round {round_}: max rel error {worst:.3g} with {len(moved)} ops moved to FP32")
-        if worst <= tolerance:
+            progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(overflowing)} overflowing FP16 "
+                     f"values, with {len(moved)} ops moved to FP32")
+        if worst <= tolerance and not overflowing:
             report.data["fallback"] = {"moved_to_fp32": moved, "rounds": round_, "max_rel_error": worst,
                                        "tolerance": tolerance}
-            for op in report.ops:
-                if op["name"] in moved:
-                    op["reason"] = f"fallback: FP16 here added error beyond the {tolerance:g} budget"
             return result, moved
         if round_ == max_rounds:
             break
-        candidates = [name for e, name in added_error(original, converted, report, feeds, runner)
-                      if name not in denied and e > 0]
+        candidates = list(overflowing) or [
+            name for e, name in added_error(original, converted, report, feeds, runner) if name not in denied and e > 0]
         if not candidates:
             break
         low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
-        step = _with_low_producers(candidates[:take], original, low - set(denied))
-        denied += step
+        step = _with_low_producers(candidates if overflowing else candidates[:take], original, low - set(denied))
+        why = ("fallback: writes an input of an op whose FP16 value overflows" if overflowing
+               else f"fallback: FP16 here added error beyond the {tolerance:g} budget")
+        denied.update((name, overflowing.get(name, why)) for name in step)
         moved += step
-        take *= 2
+        if not overflowing:
+            take *= 2
     raise ConversionError("", "validation", f"max relative error {worst:.3g} stays above the tolerance "
                                             f"{tolerance:g} after moving {len(moved)} ops to FP32")

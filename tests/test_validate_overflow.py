@@ -69,3 +69,17 @@ def test_an_overflow_a_saturating_op_absorbs_is_not_a_failure(tmp_path):
     cube = next(op for op in report["ops"] if op["name"] == "cube")
     assert cube["precision"] == "float16"  # its value does overflow in the converted model
     assert status == 0 and report["validation"]["overflows"] == []
+
+
+def test_the_fallback_moves_the_overflowing_op_and_says_why(tmp_path):
+    """--fallback had stopped at round 0 on a T5 (its outputs within 6e-4 on the CPU runtime) and
+    the validation after it failed; it now moves the writer of the overflowing value, and the
+    report's why line names the fallback, not the user's --deny-node, as the reason."""
+    m = _ffn([helper.make_node("Mul", ["o", "c"], ["y"], name="scale")], c=1e-3)
+    status, out, report = _convert(tmp_path, m, "--planner", "all", "--fallback")
+    assert status == 0 and report["validation"]["overflows"] == []
+    assert report["fallback"]["moved_to_fp32"][0] == "wo"
+    reasons = {op["name"]: op["reason"] for op in report["ops"]}
+    assert reasons["wo"].startswith("fallback: its FP16 value overflows (")
+    why = report["summary"]["fp32_tensor_core_why"]
+    assert "fallback: " in why and "--deny-node" not in why
