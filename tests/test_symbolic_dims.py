@@ -171,3 +171,16 @@ def test_values_after_a_reshape_to_a_computed_shape_are_shaped():
     flops = {op["name"]: op["flops"] for op in report.ops}
     assert flops["scores"] == 2 * 2 * 4 * 128 * 128 * 16
     assert report.summary["gemm_flops"] == flops["scores"] + 2 * 2 * 128 * 64 * 64
+
+
+def test_a_large_constant_node_does_not_stop_relating_dims():
+    """A Speech2Text exported with dynamo=False holds its sinusoidal position table in a Constant
+    node: the inference copy strips its data, ONNX Runtime's inference read it and failed, and 158
+    dims stayed sized 8."""
+    m = _flattened_projection()
+    table = helper.make_tensor("table_value", TensorProto.FLOAT, [64, 64], [0.5] * 64 * 64)  # 16 KiB: stripped
+    m.graph.node.insert(0, helper.make_node("Constant", [], ["table"], name="positions", value=table))
+    m.graph.node.insert(1, helper.make_node("MatMul", ["x0", "table"], ["x"], name="mix"))
+    m.graph.input[0].name = "x0"
+    summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * (64 + 1024)

@@ -20,6 +20,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
 from .inference import placeholder_names
+from .tensors import is_external
 
 
 def unrelated_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> set[str]:
@@ -101,6 +102,7 @@ def _shape_model(light: ModelProto) -> ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(shaped)
+    graph.input.extend(_stripped_constants(graph))
     graph.input.extend(_weight_values(graph, {t.name for t in graph.initializer} | stripped))
     # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
     # exporter-named dims) would pass for a result, and the emitted file carries these shapes
@@ -112,6 +114,24 @@ def _shape_model(light: ModelProto) -> ModelProto:
 
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+
+def _stripped_constants(graph) -> list[ValueInfoProto]:
+    """``Constant`` nodes whose value the light copy left without data, taken out of ``graph`` and
+    returned as inputs of the same type and shape: ONNX Runtime's inference reads every Constant's
+    value, and a Speech2Text exported with ``dynamo=False`` (its sinusoidal position table is one)
+    failed there, leaving 158 dims unsized."""
+    values, kept = [], []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is not None and is_external(value):
+            values.append(helper.make_tensor_value_info(node.output[0], value.data_type, list(value.dims)))
+        else:
+            kept.append(node)
+    if values:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return values
 
 
 def _weight_values(graph, constants: set[str]) -> list[ValueInfoProto]:
