@@ -29,8 +29,8 @@ def _ffn(tail=(), **constants):
 def _convert(tmp_path, m, *flags):
     src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
     src.write_bytes(m.SerializeToString())
-    status = main([str(src), "-o", str(out), "--validate", "--report", str(rep), "--report", str(rep.with_suffix(".txt")),
-                   "-q", *flags])
+    reports = [a for suffix in (".json", ".txt", ".html") for a in ("--report", str(rep.with_suffix(suffix)))]
+    status = main([str(src), "-o", str(out), "--validate", *reports, "-q", *flags])
     return status, out, json.loads(rep.read_text())
 
 
@@ -43,7 +43,8 @@ def test_an_fp16_matmul_past_65504_fails_validation_on_the_cpu_runtime(tmp_path,
     assert status == 1 and not out.exists()
     assert [row["writer"] for row in report["validation"]["overflows"]] == ["wo"]
     assert "o (written by wo) reaches" in err and "is inf in FP16" in err and "--calibrate" in err
-    assert "overflow: o (written by wo) reaches" in (tmp_path / "r.txt").read_text()
+    for page in ("r.txt", "r.html"):
+        assert "overflow: o (written by wo) reaches" in (tmp_path / page).read_text()
 
 
 def test_calibration_keeps_the_overflowing_matmul_fp32_and_validation_passes(tmp_path):
