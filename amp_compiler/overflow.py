@@ -47,15 +47,20 @@ def runnable(model: ModelProto) -> bool:
 
 
 def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, converted_feeds: dict,
-                runner: Callable) -> tuple[list, list, list[dict]]:
-    """(FP32 outputs, converted outputs, overflow rows) from one exposed run of each model.
+                runner: Callable, converted_runner: Callable | None = None) -> tuple[list, list, list[dict]]:
+    """(FP32 outputs, converted outputs, overflow rows) from one exposed run of each model
+    (``converted_runner``, if given, runs the converted one).
 
-    A row: the value's name, its writer, and its largest finite magnitude in the FP32 run.
+    A row: the value's name, its writer, its largest magnitude in the FP32 run where it is not finite
+    in the converted one, and ``origin``: its writer reads no exposed value that is not finite (it
+    overflows itself, rather than an inf reaching it: the reference runtime carries infs downstream).
     """
     names = shared_values(original, converted)
     expected = run_exposed(original, set(names.values()), feeds, runner, "the FP32 model")
-    actual = run_exposed(converted, names, converted_feeds, runner, "the converted model")
-    writers = {o: n.name or n.op_type for n in converted.graph.node for o in n.output}
+    actual = run_exposed(converted, names, converted_feeds, converted_runner or runner, "the converted model")
+    writers = {o: n for n in converted.graph.node for o in n.output}
+    broken = _reached(converted, {name for name in names if np.asarray(actual[name]).dtype.kind == "f"
+                                  and not np.all(np.isfinite(actual[name]))}, set(names))
     readers: dict[str, list] = {}
     for node in converted.graph.node:
         for i in set(node.input):
@@ -68,10 +73,23 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
             continue
         bad = np.isfinite(fp32) & ~np.isfinite(low)
         if bad.any() and not _saturated(name, readers, ends, _MAX_CHAIN):
-            rows.append({"name": source, "writer": writers.get(name, ""),
-                         "fp32_peak": float(np.max(np.abs(fp32[bad])))})
+            writer = writers.get(name)
+            rows.append({"name": source, "writer": writer.name or writer.op_type if writer else "",
+                         "fp32_peak": float(np.max(np.abs(fp32[bad]))),
+                         "origin": writer is None or not broken.intersection(writer.input)})
+    rows.sort(key=lambda r: not r["origin"])  # the values that overflow first, those an inf reached after
     outputs = [o.name for o in original.graph.output]
     return [expected[o] for o in outputs], [actual[o] for o in outputs], rows
+
+
+def _reached(model: ModelProto, broken: set[str], exposed: set[str]) -> set[str]:
+    """``broken`` and the values not exposed that a broken value may reach (in node order): what an
+    inf could have come through, unseen, into an op's input."""
+    reached = set(broken)
+    for node in model.graph.node:
+        if reached.intersection(node.input):
+            reached.update(o for o in node.output if o not in exposed)
+    return reached
 
 
 def _saturated(name: str, readers: dict[str, list], ends: set[str], depth: int) -> bool:
@@ -89,10 +107,10 @@ def _saturated(name: str, readers: dict[str, list], ends: set[str], depth: int) 
     return True
 
 
-def overflow_line(rows: list[dict], low: str = "FP16") -> str:
+def overflow_line(rows: list[dict]) -> str:
     """One line naming the first overflowing value and what keeps it finite."""
     first = rows[0]
     more = f" (and {len(rows) - 1} more values)" if len(rows) > 1 else ""
     return (f"{first['name']} (written by {first['writer']}) reaches {first['fp32_peak']:.3g} in the FP32 run and "
-            f"is inf in {low}{more}: ONNX Runtime's CPU provider computes such ops in FP32 and hides it, a GPU "
-            f"would not; --calibrate keeps the ops whose values {low} cannot hold in FP32")
+            f"is inf in FP16{more}, as a GPU computes it (ONNX Runtime's CPU provider runs such ops in FP32 and "
+            "hides it); --calibrate keeps the ops whose values FP16 cannot hold in FP32")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,16 @@ CPU_DISABLED_OPTIMIZERS = ["MatmulTransposeFusion"]
 
 
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
-              label: str = "model") -> list[np.ndarray]:
+              label: str = "model", data_dir: str | None = None) -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
-    run failure is a ``ConversionError`` naming ``label``."""
+    run failure is a ``ConversionError`` naming ``label``. ``data_dir``: the folder a ``ModelProto``'s
+    external data lies in (read there by ONNX Runtime, never loaded into the proto)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
+    if data_dir is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
     payload = model if isinstance(model, str) else model.SerializeToString()
     providers = providers or ["CPUExecutionProvider"]
     try:
@@ -156,11 +160,13 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     """
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
-    probed = _probed_pair(original, converted) if low == "float16" else None
+    probed = _probed_pair(original, converted, runner) if low == "float16" else None
     outputs, overflows = [], []
     for label, variant in _branch_feeds(graph, feeds):
         if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
-            expected, actual, rows = probed_runs(*probed, variant, _as_declared(probed[1], variant), runner)
+            (fp32, fp32_runner), (low_model, low_runner) = probed
+            expected, actual, rows = probed_runs(fp32, low_model, variant, _as_declared(low_model, variant),
+                                                 fp32_runner, low_runner)
             overflows += [{**row, "name": row["name"] + label} for row in rows]
         else:
             expected = runner(original, variant, label="the FP32 model")
@@ -175,13 +181,25 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     return result
 
 
-def _probed_pair(original: ModelProto | str, converted: ModelProto | str) -> tuple[ModelProto, ModelProto] | None:
-    """Both models in memory for the overflow check, or None where one keeps tensors in external
-    data (a model over 2 GB is not copied into memory to be probed)."""
+def _probed_pair(original: ModelProto | str, converted: ModelProto | str, runner):
+    """((model, runner), (model, runner)) for the overflow check's exposed runs, or None where a model
+    in memory refers to external data it does not hold. A file's graph is read without its tensor data,
+    which ONNX Runtime reads from the file's folder (a dynamo export keeps its weights in ``.data``)."""
     import onnx
 
-    pair = tuple(onnx.load(m, load_external_data=False) if isinstance(m, str) else m for m in (original, converted))
-    return pair if all(runnable(m) for m in pair) else None
+    pair = []
+    for m in (original, converted):
+        if isinstance(m, str):
+            proto = onnx.load(m, load_external_data=False)
+            folder = None if runnable(proto) else str(Path(m).resolve().parent)
+            if folder is not None and runner is not run_model:
+                return None
+            pair.append((proto, runner if folder is None else functools.partial(run_model, data_dir=folder)))
+        elif not runnable(m):
+            return None
+        else:
+            pair.append((m, runner))
+    return tuple(pair)
 
 
 def _branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:

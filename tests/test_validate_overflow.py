@@ -84,3 +84,28 @@ def test_the_fallback_moves_the_overflowing_op_and_says_why(tmp_path):
     assert reasons["wo"].startswith("fallback: its FP16 value overflows (")
     why = report["summary"]["fp32_tensor_core_why"]
     assert "fallback: " in why and "--deny-node" not in why
+
+
+def test_the_overflow_check_reads_a_model_whose_weights_are_external_data(tmp_path):
+    """A dynamo export keeps its weights in a .data file: the check was skipped for it (a Gemma's
+    scaled embeddings at 1.2e5 passed --validate); ONNX Runtime now reads the data from the folder."""
+    import onnx
+
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_ffn([helper.make_node("Mul", ["o", "c"], ["y"], name="scale")], c=1e-3), str(src),
+              save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    assert main([str(src), "-o", str(out), "--validate", "--planner", "all", "-q"]) == 1
+    assert not out.exists()
+
+
+def test_the_reference_runtime_names_where_the_overflow_starts(tmp_path):
+    """On the reference runtime infs flow on: the report names the value that overflows and counts
+    the values downstream of it instead of listing each as an overflow."""
+    m = _ffn([helper.make_node("Mul", ["o", "c"], ["s"], name="scale"),
+              helper.make_node("Relu", ["s"], ["y"], name="act2")], c=1e-3)
+    status, _, report = _convert(tmp_path, m, "--planner", "all", "--runtime", "reference")
+    rows = report["validation"]["overflows"]
+    assert status == 1 and [r["name"] for r in rows if r["origin"]] == ["o"]
+    assert len(rows) > 1  # scale's and act2's values are inf too
+    text = (tmp_path / "r.txt").read_text()
+    assert "overflow: o (written by wo)" in text and f"overflow: {len(rows) - 1} more values are not finite" in text

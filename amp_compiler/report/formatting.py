@@ -144,8 +144,13 @@ def short_dtype(d: Any) -> str:
 
 
 def overflow_lines(validation: Mapping) -> list[str]:
-    """One line per value validation's overflow check found (``amp_compiler/overflow.py``)."""
-    rows = validation.get("overflows") if isinstance(validation.get("overflows"), list) else []
-    return [f"overflow: {clean(r.get('name'))} (written by {clean(r.get('writer'))}) reaches "
-            f"{fmt_sci(r.get('fp32_peak'))} in the FP32 run, inf in FP16 (a GPU computes it so; "
-            "--calibrate keeps it FP32)" for r in rows if isinstance(r, Mapping)]
+    """A line per value validation's overflow check found overflowing (``amp_compiler/overflow.py``),
+    and one counting the values an inf reached from them."""
+    rows = [r for r in validation.get("overflows") or [] if isinstance(r, Mapping)]
+    origins = [r for r in rows if r.get("origin", True)] or rows
+    lines = [f"overflow: {clean(r.get('name'))} (written by {clean(r.get('writer'))}) reaches "
+             f"{fmt_sci(r.get('fp32_peak'))} in the FP32 run, inf in FP16 (a GPU computes it so; "
+             "--calibrate keeps it FP32)" for r in origins]
+    if len(rows) > len(origins):
+        lines.append(f"overflow: {len(rows) - len(origins)} more values are not finite downstream of them")
+    return lines
