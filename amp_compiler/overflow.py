@@ -19,6 +19,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto
 
 from .onnx_io.probe import run_exposed
+from .onnx_io.taken_branches import inline_taken_branches
 
 #: ops an inf passes through unchanged in sign (each reading it once), and ops that saturate it (rule 9)
 _SCALE_SHIFT = frozenset("Mul Div Add Sub Neg Cast Identity Reshape Transpose Squeeze Unsqueeze".split())
@@ -49,12 +50,14 @@ def runnable(model: ModelProto) -> bool:
 def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, converted_feeds: dict,
                 runner: Callable, converted_runner: Callable | None = None) -> tuple[list, list, list[dict]]:
     """(FP32 outputs, converted outputs, overflow rows) from one exposed run of each model
-    (``converted_runner``, if given, runs the converted one).
+    (``converted_runner``, if given, runs the converted one). The ``If`` branches the feeds take are
+    checked too (``onnx_io/taken_branches.py``: a merged decoder's GEMMs are all in branches).
 
     A row: the value's name, its writer, its largest magnitude in the FP32 run where it is not finite
     in the converted one, and ``origin``: its writer reads no exposed value that is not finite (it
     overflows itself, rather than an inf reaching it: the reference runtime carries infs downstream).
     """
+    original, converted = inline_taken_branches(original, feeds), inline_taken_branches(converted, converted_feeds)
     names = shared_values(original, converted)
     expected = run_exposed(original, set(names.values()), feeds, runner, "the FP32 model")
     actual = run_exposed(converted, names, converted_feeds, converted_runner or runner, "the converted model")

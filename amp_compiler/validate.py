@@ -162,7 +162,7 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     names = [o.name for o in graph.graph.output]
     probed = _probed_pair(original, converted, runner) if low == "float16" else None
     outputs, overflows = [], []
-    for label, variant in _branch_feeds(graph, feeds):
+    for label, variant in branch_feeds(graph, feeds):
         if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
             (fp32, fp32_runner), (low_model, low_runner) = probed
             expected, actual, rows = probed_runs(fp32, low_model, variant, _as_declared(low_model, variant),
@@ -202,7 +202,7 @@ def _probed_pair(original: ModelProto | str, converted: ModelProto | str, runner
     return tuple(pair)
 
 
-def _branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:
+def branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:
     """(name suffix, feeds) per value of each one-element boolean input that conditions an ``If``."""
     conditions = {n.input[0] for n in model.graph.node if n.op_type == "If" and n.input}
     switches = [name for name, value in feeds.items() if name in conditions

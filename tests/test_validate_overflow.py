@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from amp_compiler.cli import main
 from tests.builders import fin, model, weight
@@ -109,3 +109,36 @@ def test_the_reference_runtime_names_where_the_overflow_starts(tmp_path):
     assert len(rows) > 1  # scale's and act2's values are inf too
     text = (tmp_path / "r.txt").read_text()
     assert "overflow: o (written by wo)" in text and f"overflow: {len(rows) - 1} more values are not finite" in text
+
+
+def _merged_ffn():
+    """A merged decoder's shape (an If on use_cache_branch around two copies): the FFN of
+    ``_ffn`` in each branch, so every GEMM is in a subgraph."""
+    def branch(tag):
+        nodes = [helper.make_node("MatMul", ["x", "Wi"], [f"{tag}_h"], name=f"{tag}_wi"),
+                 helper.make_node("Relu", [f"{tag}_h"], [f"{tag}_r"], name=f"{tag}_act"),
+                 helper.make_node("MatMul", [f"{tag}_r", "Wo"], [f"{tag}_o"], name=f"{tag}_wo"),
+                 helper.make_node("Mul", [f"{tag}_o", "c"], [f"{tag}_y"], name=f"{tag}_scale")]
+        return helper.make_graph(nodes, tag, [], [fin(f"{tag}_y", 2, 16, 64)])
+
+    m = _ffn(c=1e-3)
+    del m.graph.node[:]
+    m.graph.node.append(helper.make_node("If", ["use_cache_branch"], ["y"], name="if",
+                                         then_branch=branch("past"), else_branch=branch("first")))
+    m.graph.input.append(fin("use_cache_branch", 1, dtype=TensorProto.BOOL))
+    m.graph.output[0].name = "y"
+    return m
+
+
+def test_an_overflow_inside_a_merged_decoders_branches_is_found_and_calibrated_away(tmp_path):
+    """A merged T5 decoder has every GEMM in an If branch: neither --validate's check nor
+    --calibrate saw a value there, so its wo overflow passed validation and calibration kept
+    nothing FP32. The branch each switch value takes is checked and calibrated."""
+    status, _, report = _convert(tmp_path, _merged_ffn(), "--planner", "all")
+    assert status == 1
+    assert {(r["name"], r["writer"]) for r in report["validation"]["overflows"] if r["origin"]} == {
+        ("past_o (use_cache_branch=True)", "past_wo"), ("first_o (use_cache_branch=False)", "first_wo")}
+    status, _, report = _convert(tmp_path, _merged_ffn(), "--planner", "all", "--calibrate")
+    precision = {op["name"]: op["precision"] for op in report["ops"]}
+    assert status == 0 and precision["if.then_branch/past_wo"] == precision["if.else_branch/first_wo"] == "float32"
+    assert precision["if.then_branch/past_wi"] == "float16"
