@@ -142,3 +142,11 @@ def test_an_overflow_inside_a_merged_decoders_branches_is_found_and_calibrated_a
     precision = {op["name"]: op["precision"] for op in report["ops"]}
     assert status == 0 and precision["if.then_branch/past_wo"] == precision["if.else_branch/first_wo"] == "float32"
     assert precision["if.then_branch/past_wi"] == "float16"
+
+
+def test_the_fallback_moves_an_overflowing_op_inside_a_merged_decoders_branches(tmp_path):
+    """It had denied the node by its name in the branch ("past_wo"), which names no planned op
+    ("if.then_branch/past_wo"), declared success, and the validation after it failed."""
+    status, _, report = _convert(tmp_path, _merged_ffn(), "--planner", "all", "--fallback")
+    assert status == 0 and report["validation"]["overflows"] == []
+    assert sorted(report["fallback"]["moved_to_fp32"]) == ["if.else_branch/first_wo", "if.then_branch/past_wo"]
