@@ -22,6 +22,7 @@ from .dtypes import LOW_PRECISION
 from .errors import ConversionError
 from .metrics import max_rel_error, rel_error
 from .onnx_io.probe import run_exposed
+from .onnx_io.structure import graphs
 from .overflow import probed_runs, runnable
 from .validate import branch_feeds, run_model
 
@@ -90,8 +91,9 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
         worst, rows = _check(original, converted, feeds, runner, expected)
         # writers of values FP16 cannot hold (the CPU runtime hides them, ``overflow.py``), by their plan names
         plan_name = {op["name"][len(op["scope"]) + 1:]: op["name"] for op in report.ops if op.get("scope")}
-        overflowing = {plan_name.get(r["writer"], r["writer"]):
-                       f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)" for r in rows}
+        plan_name.update((op["name"], op["name"]) for op in report.ops if not op.get("scope"))
+        overflowing = {plan_name[name]: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
+                       for r in rows for name in _planned_writers(converted, r["writer"], plan_name)}
         overflowing = {name: why for name, why in overflowing.items() if name not in denied}
         if progress:
             progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(rows)} overflowing FP16 "
@@ -117,6 +119,18 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
     left = f" and {len(rows)} FP16 values overflow" if rows else ""
     raise ConversionError("", "validation", f"max relative error {worst:.3g}{left}: stays above the tolerance "
                                             f"{tolerance:g} after moving {len(moved)} ops to FP32")
+
+
+def _planned_writers(converted: ModelProto, writer: str, planned) -> list[str]:
+    """``writer`` if the plan has it, else, for a cast the conversion inserted (an FP32 op's output
+    cast to FP16 overflows there), the planned ops reading its output."""
+    if writer in planned:
+        return [writer]
+    for g, _ in graphs(converted.graph, ""):
+        cast = next((n for n in g.node if n.name == writer and n.op_type == "Cast"), None)
+        if cast is not None:
+            return [n.name for n in g.node if cast.output[0] in n.input and n.name in planned]
+    return []
 
 
 def _check(original: ModelProto, converted: ModelProto, feeds: dict, runner: Callable,

@@ -28,16 +28,24 @@ _MAX_CHAIN = 8
 
 
 def shared_values(original: ModelProto, converted: ModelProto) -> dict[str, str]:
-    """Main-graph node outputs of ``converted`` in FP16 -> the name ``original`` computes them under:
-    their own, or a graph output's where the conversion renamed its writer's output and cast it
-    back (``passes/casts.py``: ``logits_fp16`` -> ``logits``)."""
+    """Main-graph node outputs of ``converted`` in FP16 -> the name ``original`` has them under:
+    their own; a graph output's where the conversion renamed its writer's output and cast it back
+    (``passes/casts.py``: ``logits_fp16`` -> ``logits``); or, for an inserted cast to FP16, its
+    source's (a graph input's values beyond 65504 are inf from its first cast on)."""
     from .onnx_io.validation import infer_types
 
     types = infer_types(converted)
     computed = {o for n in original.graph.node for o in n.output if o}
+    known = computed | {i.name for i in original.graph.input}
     outputs = {o.name for o in converted.graph.output}
-    renamed = {n.input[0]: n.output[0] for n in converted.graph.node
-               if n.op_type == "Cast" and n.output and n.output[0] in outputs and n.input[0] not in computed}
+    renamed = {}
+    for n in converted.graph.node:
+        if n.op_type != "Cast" or not n.output or n.output[0] in known:
+            continue
+        if n.output[0] in outputs and n.input[0] not in computed:
+            renamed[n.input[0]] = n.output[0]
+        elif n.input[0] in known:
+            renamed[n.output[0]] = n.input[0]
     return {o: o if o in computed else renamed[o] for n in converted.graph.node for o in n.output
             if (o in computed or o in renamed) and types.get(o, (0,))[0] == TensorProto.FLOAT16}
 
@@ -59,7 +67,9 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
     """
     original, converted = inline_taken_branches(original, feeds), inline_taken_branches(converted, converted_feeds)
     names = shared_values(original, converted)
-    expected = run_exposed(original, set(names.values()), feeds, runner, "the FP32 model")
+    inputs = {i.name for i in original.graph.input}
+    expected = {**run_exposed(original, set(names.values()) - inputs, feeds, runner, "the FP32 model"),
+                **{k: v for k, v in feeds.items() if k in inputs}}
     actual = run_exposed(converted, names, converted_feeds, converted_runner or runner, "the converted model")
     writers = {o: n for n in converted.graph.node for o in n.output}
     broken = _reached(converted, {name for name in names if np.asarray(actual[name]).dtype.kind == "f"

@@ -149,4 +149,21 @@ def test_the_fallback_moves_an_overflowing_op_inside_a_merged_decoders_branches(
     ("if.then_branch/past_wo"), declared success, and the validation after it failed."""
     status, _, report = _convert(tmp_path, _merged_ffn(), "--planner", "all", "--fallback")
     assert status == 0 and report["validation"]["overflows"] == []
-    assert sorted(report["fallback"]["moved_to_fp32"]) == ["if.else_branch/first_wo", "if.then_branch/past_wo"]
+    moved = report["fallback"]["moved_to_fp32"]
+    assert sorted(moved[:2]) == ["if.else_branch/first_wo", "if.then_branch/past_wo"]
+    # then the FP32 result, cast to FP16 for the scale, overflows in that cast: its reader moves
+    assert sorted(moved[2:]) == ["if.else_branch/first_scale", "if.then_branch/past_scale"]
+
+
+def test_an_input_beyond_65504_overflows_in_its_cast_to_fp16(tmp_path):
+    """Values the conversion casts to FP16 overflow in the cast: a graph input of raw features
+    up to 1e5 was inf from its first cast on and --validate passed on the CPU runtime."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Mul", ["h", "c"], ["y"], name="scale")]
+    m = model(nodes, [fin("x", 16, 64)], [fin("y", 16, 64)],
+              [weight("W", 64, 64, scale=1e-3), helper.make_tensor("c", 1, [], [1e-2])])
+    feeds = tmp_path / "x.npz"
+    np.savez(feeds, x=np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 5e4)
+    status, _, report = _convert(tmp_path, m, "--planner", "all", "--inputs", str(feeds))
+    assert status == 1
+    assert [(r["name"], r["writer"]) for r in report["validation"]["overflows"] if r["origin"]] == [("x", "x_cast_fp16")]
