@@ -128,6 +128,11 @@ def _stripped_constants(graph) -> list[ValueInfoProto]:
             values.append(helper.make_tensor_value_info(node.output[0], value.data_type, list(value.dims)))
         else:
             kept.append(node)
+    return _taken_out(graph, kept, values)
+
+
+def _taken_out(graph, kept: list, values: list[ValueInfoProto]) -> list[ValueInfoProto]:
+    """``values``, once ``graph`` holds only the ``kept`` nodes (where any value was taken out)."""
     if values:
         del graph.node[:]
         graph.node.extend(kept)
@@ -155,10 +160,7 @@ def _weight_values(graph, constants: set[str]) -> list[ValueInfoProto]:
             values.extend(static[o] for o in node.output)
         else:
             kept.append(node)
-    if values:
-        del graph.node[:]
-        graph.node.extend(kept)
-    return values
+    return _taken_out(graph, kept, values)
 
 
 def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[str]) -> bool:
