@@ -1,8 +1,9 @@
 """Activation ranges from one FP32 run, so the planner never puts a tensor FP16 cannot hold in FP16.
 
 Weights are checked statically (``numerics``); activations need data. ``activation_ranges``
-runs the FP32 model once on ONNX Runtime with every float tensor of the main graph made
-an output (the calibration inputs are the user's, or seeded random ones) and returns the
+runs the FP32 model once on ONNX Runtime with every float tensor of the main graph (and of
+the ``If`` branches a boolean input chooses, ``onnx_io/taken_branches.py``, once per value)
+made an output (the calibration inputs are the user's, or seeded random ones) and returns the
 largest finite magnitude each tensor reached; the caller records it as ``Tensor.calibrated_peak``.
 The numerics pass (``passes/numerics.py``) judges the peaks for the target dtype: those
 that would overflow (above the dtype's max / margin) and those that would underflow (nonzero
@@ -18,20 +19,26 @@ from onnx import ModelProto
 
 from .ir import PrecisionGraph
 from .onnx_io.probe import run_exposed
+from .onnx_io.taken_branches import inline_taken_branches
 
 
 def activation_ranges(model: ModelProto, graph: PrecisionGraph, feeds: dict[str, np.ndarray]) -> dict[str, float]:
-    """Largest finite |value| of every float graph input and activation of the main graph."""
-    from .validate import run_model
+    """Largest finite |value| of every float graph input and activation of the main graph, and of the
+    ``If`` branches a one-element boolean input chooses, run each way (a merged decoder's)."""
+    from .validate import branch_feeds, run_model
 
-    names = [t.name for t in graph.tensors.values()
-             if t.producer and not t.scope and t.dtype in ("float32", "float16", "bfloat16", "float64")]
-    values = run_exposed(model, names, feeds, run_model, "calibration run of the FP32 model")
-    ranges = {}
-    for name, value in [*values.items(), *feeds.items()]:
-        arr = np.asarray(value)
-        if arr.dtype.kind != "f" or arr.size == 0:
-            continue
-        finite = arr[np.isfinite(arr)]
-        ranges[name] = float(np.max(np.abs(finite))) if finite.size else 0.0
+    floats = [t.name for t in graph.tensors.values()
+              if t.producer and t.dtype in ("float32", "float16", "bfloat16", "float64")]
+    ranges: dict[str, float] = {}
+    for _, variant in branch_feeds(model, feeds):
+        probe = inline_taken_branches(model, variant)
+        computed = {o for n in probe.graph.node for o in n.output}
+        values = run_exposed(probe, [t for t in floats if t in computed], variant, run_model,
+                             "calibration run of the FP32 model")
+        for name, value in [*values.items(), *variant.items()]:
+            arr = np.asarray(value)
+            if arr.dtype.kind != "f" or arr.size == 0:
+                continue
+            finite = arr[np.isfinite(arr)]
+            ranges[name] = max(ranges.get(name, 0.0), float(np.max(np.abs(finite))) if finite.size else 0.0)
     return ranges

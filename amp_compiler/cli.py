@@ -349,6 +349,12 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
               f"max rel error {row['max_rel_error']:.3g}" + (f"; {row['note']}" if "note" in row else ""),
               file=sys.stderr)
+    if result.get("overflows"):
+        from .overflow import overflow_line
+
+        print(f"amp-compile: validation failed: {overflow_line(result['overflows'])}; no model written",
+              file=sys.stderr)
+        return 1
     if not result["passed"]:
         print(f"amp-compile: validation failed: max rel error {result['max_rel_error']:.3g} > "
               f"tolerance {args.tolerance}; no model written", file=sys.stderr)

@@ -6,7 +6,9 @@ op, how much error it *adds*: the relative error of its output minus the worst
 relative error of its inputs. The worst offenders, with the low-precision ops that
 feed them, are denied (``deny_nodes``), the
 model is re-planned — so casts stay optimal around them — and checked again; the
-number moved doubles each round, so a handful of rounds suffice.
+number moved doubles each round, so a handful of rounds suffice. The writers of values that
+overflow FP16 (``overflow.py``: the CPU runtime computes them in FP32, so their error is
+invisible there) are moved first, all of them at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from .dtypes import LOW_PRECISION
 from .errors import ConversionError
 from .metrics import max_rel_error, rel_error
 from .onnx_io.probe import run_exposed
-from .validate import run_model
+from .onnx_io.structure import graphs
+from .overflow import probed_runs, runnable
+from .validate import branch_feeds, run_model
 
 
 def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
@@ -76,33 +80,67 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
     ``runner`` runs a model (ONNX Runtime by default; ``validate.run_reference`` rounds
     exactly like FP16 hardware, slowly). Returns ``(ConvertedModel, moved op names)``.
     """
-    denied = list(deny_nodes)
+    user = "deny: node named by the user (--deny-node)"
+    denied = dict.fromkeys(deny_nodes, user)  # op name -> its reason (``passes/classify.py`` reports it)
     moved: list[str] = []
     expected = runner(original, feeds, label="the FP32 model")
     take = 1
     for round_ in range(max_rounds + 1):
         result = convert(deny_nodes=denied)
         converted, report = result.model, result.report
-        worst = max_rel_error(expected, runner(converted, feeds, label="the converted model"))
+        worst, rows = _check(original, converted, feeds, runner, expected)
+        # writers of values FP16 cannot hold (the CPU runtime hides them, ``overflow.py``), by their plan names
+        plan_name = {op["name"][len(op["scope"]) + 1:]: op["name"] for op in report.ops if op.get("scope")}
+        plan_name.update((op["name"], op["name"]) for op in report.ops if not op.get("scope"))
+        overflowing = {plan_name[name]: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
+                       for r in rows for name in _planned_writers(converted, r["writer"], plan_name)}
+        overflowing = {name: why for name, why in overflowing.items() if name not in denied}
         if progress:
-            progress(f"fallback round {round_}: max rel error {worst:.3g} with {len(moved)} ops moved to FP32")
-        if worst <= tolerance:
+            progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(rows)} overflowing FP16 "
+                     f"values, with {len(moved)} ops moved to FP32")
+        if worst <= tolerance and not rows:
             report.data["fallback"] = {"moved_to_fp32": moved, "rounds": round_, "max_rel_error": worst,
                                        "tolerance": tolerance}
-            for op in report.ops:
-                if op["name"] in moved:
-                    op["reason"] = f"fallback: FP16 here added error beyond the {tolerance:g} budget"
             return result, moved
         if round_ == max_rounds:
             break
-        candidates = [name for e, name in added_error(original, converted, report, feeds, runner)
-                      if name not in denied and e > 0]
+        candidates = list(overflowing) or [
+            name for e, name in added_error(original, converted, report, feeds, runner) if name not in denied and e > 0]
         if not candidates:
             break
         low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
-        step = _with_low_producers(candidates[:take], original, low - set(denied))
-        denied += step
+        step = _with_low_producers(candidates if overflowing else candidates[:take], original, low - set(denied))
+        why = ("fallback: writes an input of an op whose FP16 value overflows" if overflowing
+               else f"fallback: FP16 here added error beyond the {tolerance:g} budget")
+        denied.update((name, overflowing.get(name, why)) for name in step)
         moved += step
-        take *= 2
-    raise ConversionError("", "validation", f"max relative error {worst:.3g} stays above the tolerance "
+        if not overflowing:
+            take *= 2
+    left = f" and {len(rows)} FP16 values overflow" if rows else ""
+    raise ConversionError("", "validation", f"max relative error {worst:.3g}{left}: stays above the tolerance "
                                             f"{tolerance:g} after moving {len(moved)} ops to FP32")
+
+
+def _planned_writers(converted: ModelProto, writer: str, planned) -> list[str]:
+    """``writer`` if the plan has it, else, for a cast the conversion inserted (an FP32 op's output
+    cast to FP16 overflows there), the planned ops reading its output."""
+    if writer in planned:
+        return [writer]
+    for g, _ in graphs(converted.graph, ""):
+        cast = next((n for n in g.node if n.name == writer and n.op_type == "Cast"), None)
+        if cast is not None:
+            return [n.name for n in g.node if cast.output[0] in n.input and n.name in planned]
+    return []
+
+
+def _check(original: ModelProto, converted: ModelProto, feeds: dict, runner: Callable,
+           expected: list) -> tuple[float, list[dict]]:
+    """(worst output error, overflow rows) of ``converted``: each way a merged decoder's switch goes,
+    with the overflow check where both models are in memory (``overflow.py``)."""
+    if not (runnable(original) and runnable(converted)):
+        return max_rel_error(expected, runner(converted, feeds, label="the converted model")), []
+    worst, rows = 0.0, []
+    for _, variant in branch_feeds(original, feeds):
+        fp32, actual, found = probed_runs(original, converted, variant, variant, runner)
+        worst, rows = max(worst, max_rel_error(fp32, actual)), rows + found
+    return worst, rows

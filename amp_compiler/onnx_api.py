@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from onnx import ModelProto
 
@@ -99,6 +99,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                        progress=progress, deny_propagation=deny_propagation,
                        runtime=deploy or default_runtime("onnx"), objective=objective)
     ctx.registry = registry
+    ctx.deny_node_reasons = dict(deny_nodes) if isinstance(deny_nodes, Mapping) else None  # the fallback's
     ctx.user_rules = UserRules(exclude_nodes, include_nodes, force_ops, max_reduction_depth, init_max_bytes)
     if isinstance(model_or_path, ModelProto):
         model = model_or_path

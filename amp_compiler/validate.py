@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from onnx import ModelProto
 
 from .errors import ConversionError
 from .metrics import error_stats
+from .overflow import probed_runs, runnable
 
 
 def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
@@ -53,8 +55,10 @@ def run_reference(model: ModelProto, feeds: dict[str, np.ndarray], *, label: str
     """
     from onnx.reference import ReferenceEvaluator
 
+    from .reference_ops import REFERENCE_FIXES
+
     try:
-        sess = ReferenceEvaluator(model)
+        sess = ReferenceEvaluator(model, new_ops=REFERENCE_FIXES)
         names = set(sess.input_names)
         return list(sess.run(None, {k: v for k, v in feeds.items() if k in names}))
     except Exception as exc:  # the evaluator raises whatever its op implementations raise
@@ -85,14 +89,18 @@ def onnxruntime():
 
 
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
-              label: str = "model") -> list[np.ndarray]:
+              label: str = "model", data_dir: str | None = None) -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
     run failure is a ``ConversionError`` naming ``label`` (a load failure's reason starts "cannot load
-    it"). A file whose constants lie in external files, as ``onnx.save(..., size_threshold=0)`` writes,
-    is loaded whole and handed over in memory where ORT's own loader cannot read a shape input."""
+    it"). ``data_dir``: the folder a ``ModelProto``'s external data lies in (read there by ONNX
+    Runtime, never loaded into the proto). A model whose constants lie in external files, as
+    ``onnx.save(..., size_threshold=0)`` writes, is loaded whole and handed over in memory where
+    ORT's own loader cannot read a shape input from one."""
     ort = onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
+    if data_dir is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
     providers = providers or ["CPUExecutionProvider"]
     disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
     payload = model if isinstance(model, str) else model.SerializeToString()
@@ -100,7 +108,7 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
         try:
             sess = ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
         except Exception as exc:
-            whole = _loaded_whole(payload, exc)
+            whole = _loaded_whole(model, data_dir, exc)
             if whole is None:
                 raise
             sess = ort.InferenceSession(whole, opts, providers=providers, disabled_optimizers=disabled)
@@ -118,14 +126,21 @@ _EXTERNAL_SHAPE_INPUT = "Cannot parse data from external tensors"
 _PROTOBUF_LIMIT = 2 ** 31 - 1
 
 
-def _loaded_whole(payload, exc: Exception) -> bytes | None:
-    """``payload`` (a path) with its external data read in, serialized, where ``exc`` is ORT failing
-    to read a shape input from an external file and the whole fits in one protobuf; else None."""
-    if not isinstance(payload, str) or _EXTERNAL_SHAPE_INPUT not in str(exc):
+def _loaded_whole(model: ModelProto | str, data_dir: str | None, exc: Exception) -> bytes | None:
+    """``model`` (a path, or a proto whose external data lies in ``data_dir``) with that data read
+    in, serialized, where ``exc`` is ORT failing to read a shape input from an external file and
+    the whole fits in one protobuf; else None."""
+    if _EXTERNAL_SHAPE_INPUT not in str(exc) or not (isinstance(model, str) or data_dir is not None):
         return None
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
-    whole = onnx.load(payload)
+    if isinstance(model, str):
+        whole = onnx.load(model)
+    else:
+        whole = ModelProto()
+        whole.CopyFrom(model)  # the caller's proto keeps its references
+        load_external_data_for_model(whole, data_dir)
     return whole.SerializeToString() if whole.ByteSize() < _PROTOBUF_LIMIT else None
 
 
@@ -195,18 +210,49 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     """
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
-    outputs = []
-    for label, variant in _branch_feeds(graph, feeds):
-        expected = runner(original, variant, label="the FP32 model")
-        actual = runner(converted, _as_declared(converted, variant), label="the converted model")
+    probed = _probed_pair(original, converted, runner) if low == "float16" else None
+    outputs, overflows = [], []
+    for label, variant in branch_feeds(graph, feeds):
+        if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
+            (fp32, fp32_runner), (low_model, low_runner) = probed
+            expected, actual, rows = probed_runs(fp32, low_model, variant, _as_declared(low_model, variant),
+                                                 fp32_runner, low_runner)
+            overflows += [{**row, "name": row["name"] + label} for row in rows]
+        else:
+            expected = runner(original, variant, label="the FP32 model")
+            actual = runner(converted, _as_declared(converted, variant), label="the converted model")
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
-    return {"tolerance": tolerance, "passed": bool(worst <= tolerance), "max_rel_error": worst,
-            "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+    result = {"tolerance": tolerance, "passed": bool(worst <= tolerance and not overflows), "max_rel_error": worst,
+              "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
+    if probed is not None:
+        result["overflows"] = overflows
+    return result
 
 
-def _branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:
+def _probed_pair(original: ModelProto | str, converted: ModelProto | str, runner):
+    """((model, runner), (model, runner)) for the overflow check's exposed runs, or None where a model
+    in memory refers to external data it does not hold. A file's graph is read without its tensor data,
+    which ONNX Runtime reads from the file's folder (a dynamo export keeps its weights in ``.data``)."""
+    import onnx
+
+    pair = []
+    for m in (original, converted):
+        if isinstance(m, str):
+            proto = onnx.load(m, load_external_data=False)
+            folder = None if runnable(proto) else str(Path(m).resolve().parent)
+            if folder is not None and runner is not run_model:
+                return None
+            pair.append((proto, runner if folder is None else functools.partial(run_model, data_dir=folder)))
+        elif not runnable(m):
+            return None
+        else:
+            pair.append((m, runner))
+    return tuple(pair)
+
+
+def branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[str, dict[str, np.ndarray]]]:
     """(name suffix, feeds) per value of each one-element boolean input that conditions an ``If``."""
     conditions = {n.input[0] for n in model.graph.node if n.op_type == "If" and n.input}
     switches = [name for name, value in feeds.items() if name in conditions

@@ -100,6 +100,7 @@ class PlanContext:
     allow: frozenset[str] = frozenset()  # op types or canonical names forced to class allow
     deny: frozenset[str] = frozenset()  # op types or canonical names forced to class deny
     deny_nodes: frozenset[str] = frozenset()  # op names kept FP32
+    deny_node_reasons: Any = None  # op name -> why it is in deny_nodes, where not the user's --deny-node
     earlier_fp32: Any = None  # op name -> reason an earlier amp-compiler run kept it FP32 (its annotations)
     force_low_nodes: frozenset[str] = frozenset()  # op names forced to the low dtype if legal
     default_dim: int = 8  # value for symbolic dims in cost estimates

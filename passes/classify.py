@@ -78,8 +78,8 @@ class ClassifyPass(Pass):
 
 
 def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
-    if op.name in ctx.deny_nodes:
-        return DENY, "deny: node named by the user (--deny-node)"
+    if op.name in ctx.deny_nodes:  # the fallback names its own (amp_compiler/fallback.py)
+        return DENY, (ctx.deny_node_reasons or {}).get(op.name, "deny: node named by the user (--deny-node)")
     if ctx.deny or ctx.allow:  # the op's names are built only when the user named op types
         names = {op.op_type, op.canonical or "", f"{op.domain}::{op.op_type}" if op.domain else op.op_type}
         if names & ctx.deny:

@@ -22,7 +22,8 @@ Rewrite cases:
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
    no tensor-core op in reach stay FP32: converting them buys nothing.
 6. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
-   op or not (the "everything in the low dtype" plan).
+   op or not (the "everything in the low dtype" plan), but for a group of constant ops alone
+   (``Constant``, ``ConstantOfShape``): its readers all stay FP32, so it would only be rounded.
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
 unsafe in the low dtype (cases 1, 3 and 4) run in FP32; ops merely out of reach keep the
@@ -46,6 +47,8 @@ from .user_rules import forced_low, kept_by_name
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
+#: ops whose output is a constant: alone in a group they are not planned low, even under planner="all"
+_CONSTANTS = frozenset({"constant", "constant_of_shape"})
 OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are planned"
 ALREADY_LOW = "already in the low dtype in the source model"
 EARLIER_FP32 = "kept FP32 by the amp-compiler run that converted the source model"
@@ -116,8 +119,11 @@ class PropagatePass(Pass):
                     if a != b:
                         parent[a] = b
         forced = forced_low(graph, ctx)
+        # under "all", a group of constants alone (an NMS's iou/score thresholds) feeds only FP32 ops:
+        # in the low dtype it would only be rounded (0.1 -> 0.09998) and cast back
         seeded = {find(n) for n in candidates
-                  if graph.ops[n].op_class == ALLOW or n in forced or ctx.planner == "all"}
+                  if graph.ops[n].op_class == ALLOW or n in forced
+                  or ctx.planner == "all" and graph.ops[n].canonical not in _CONSTANTS}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]

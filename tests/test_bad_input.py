@@ -1045,3 +1045,17 @@ def test_compile_without_torch_says_which_extra_installs_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(ImportError, match=r"amp_compiler.compile needs PyTorch, .*pip install 'amp-compiler\[torch\]'"):
         amp_compiler.compile
+
+
+def test_an_op_given_a_type_its_opset_does_not_take_says_to_export_newer(tmp_path, capsys):
+    """A T5 exported with dynamo=False at opset 11 has Min on int64 position buckets (Min-8 takes
+    floats only): the line said "has unsupported type" and nothing of what to do."""
+    nodes = [helper.make_node("Min", ["a", "b"], ["m"], name="clamp"),
+             helper.make_node("Cast", ["m"], ["y"], name="to_float", to=TP.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TP.INT64, [4]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, [4])])
+    inp = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), str(inp))
+    assert_refused(capsys, inp, f"{inp}: node 'clamp' (Min): type inference failed: data_0 typestr: T, has unsupported "
+                                "type: tensor(int64) (Min at the model's opset does not take this type; ONNX Runtime "
+                                "refuses it too: export with a newer opset_version)", out=tmp_path / "out.onnx")

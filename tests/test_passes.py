@@ -484,3 +484,28 @@ def test_a_sum_over_a_few_elements_is_infer(k, keepdims, klass):
     assert graph.ops["combine"].op_class == klass
     symbolic = model(nodes, [fin("x", "tokens", "k", 64)], [fin("y", *out_shape)], inits)
     assert plan(symbolic)[0].ops["combine"].op_class == "deny"
+
+
+def test_planner_all_leaves_constants_that_only_fp32_ops_read_exact():
+    """--planner all had stored an NMS's score threshold as FP16 (0.1 -> 0.09998) and cast it back
+    to FP32 for the NMS, which stays FP32: a changed threshold for no FP16 work."""
+    from onnx import TensorProto, helper
+
+    from tests.builders import fin, model, plan_result, weight
+
+    const = [helper.make_node("Constant", [], [n], name=n, value=helper.make_tensor(n, TensorProto.FLOAT, [1], [v]))
+             for n, v in (("iou", 0.5), ("threshold", 0.1))]
+    nodes = [helper.make_node("MatMul", ["feat", "Wb"], ["boxes"], name="box_head"),
+             helper.make_node("MatMul", ["feat", "Ws"], ["logits"], name="score_head"),
+             helper.make_node("Sigmoid", ["logits"], ["sig"], name="sigmoid"),
+             helper.make_node("Transpose", ["sig"], ["scores"], name="classes_first", perm=[0, 2, 1]),
+             helper.make_node("Constant", [], ["most"], name="most",
+                              value=helper.make_tensor("most", TensorProto.INT64, [1], [5])), *const,
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "threshold"], ["sel"], name="nms")]
+    m = model(nodes, [fin("feat", 1, 50, 16)], [fin("sel", "k", 3, dtype=TensorProto.INT64)],
+              [weight("Wb", 16, 4), weight("Ws", 16, 3)])
+    result = plan_result(m, planner="all")
+    ops = result.graph.ops
+    assert ops["box_head"].precision == ops["sigmoid"].precision == "float16"  # the rest is all-FP16
+    assert ops["iou"].precision == ops["threshold"].precision == "float32"
+    assert not [op for op in ops.values() if op.op_type == "Cast" and set(op.inputs) & {"iou", "threshold"}]

@@ -141,3 +141,46 @@ def test_a_segformer_exported_from_a_batch_1_example_validates_by_default(tmp_pa
     report = json.loads(rep.read_text())
     assert report["validation"]["passed"]
     assert "batch = 1, pinned by Reshape" in report["summary"]["inputs_drawn"]["pixel_values"]
+
+
+def _computed_head_split():
+    """A TorchScript export's ``view(*x.size()[:-1], 4, 16)``: the Reshape target is
+    Concat(Unsqueeze(Gather(Shape(h), 0)), Unsqueeze(Gather(Shape(h), 1)), [4], [16]), which onnx's
+    inference cannot evaluate (no rank for anything after it); then q @ qT per head."""
+    def dim(i):
+        return [helper.make_node("Gather", ["hshape", f"i{i}"], [f"d{i}"], name=f"gather{i}", axis=0),
+                helper.make_node("Unsqueeze", [f"d{i}", "zero"], [f"u{i}"], name=f"unsqueeze{i}")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Shape", ["h"], ["hshape"], name="shape"), *dim(0), *dim(1),
+             helper.make_node("Concat", ["u0", "u1", "heads"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["h", "target"], ["split"], name="split"),
+             helper.make_node("Transpose", ["split"], ["q"], name="heads_first", perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["split"], ["k"], name="keys", perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["q", "k"], ["scores"], name="scores")]
+    ints = [helper.make_tensor("i0", TensorProto.INT64, [], [0]), helper.make_tensor("i1", TensorProto.INT64, [], [1]),
+            helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("heads", TensorProto.INT64, [2], [4, 16])]
+    return model(nodes, [fin("x", "batch", "seq", 64)], [fin("scores", "batch", 4, "seq", "seq")],
+                 [weight("W", 64, 64), *ints], opset=13)
+
+
+def test_values_after_a_reshape_to_a_computed_shape_are_shaped():
+    """A BERT exported at opset 11/13 with eager attention: every GEMM after the first head split
+    was priced at 16 FLOPs (8.65 MFLOP seen of 168), and the plan kept it FP32 by cost."""
+    report = convert_onnx(_computed_head_split(), dim_values={"batch": 2, "seq": 128})[1]
+    flops = {op["name"]: op["flops"] for op in report.ops}
+    assert flops["scores"] == 2 * 2 * 4 * 128 * 128 * 16
+    assert report.summary["gemm_flops"] == flops["scores"] + 2 * 2 * 128 * 64 * 64
+
+
+def test_a_large_constant_node_does_not_stop_relating_dims():
+    """A Speech2Text exported with dynamo=False holds its sinusoidal position table in a Constant
+    node: the inference copy strips its data, ONNX Runtime's inference read it and failed, and 158
+    dims stayed sized 8."""
+    m = _flattened_projection()
+    table = helper.make_tensor("table_value", TensorProto.FLOAT, [64, 64], [0.5] * 64 * 64)  # 16 KiB: stripped
+    m.graph.node.insert(0, helper.make_node("Constant", [], ["table"], name="positions", value=table))
+    m.graph.node.insert(1, helper.make_node("MatMul", ["x0", "table"], ["x"], name="mix"))
+    m.graph.input[0].name = "x0"
+    summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
+    assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * (64 + 1024)

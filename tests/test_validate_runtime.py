@@ -94,3 +94,19 @@ def test_a_fp32_model_runtime_cannot_load_is_not_blamed_on_the_drawn_inputs():
     run = ConversionError("the FP32 model", "ONNX Runtime", "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : shape")
     load = ConversionError("the FP32 model", "ONNX Runtime", "cannot load it: [ONNXRuntimeError] : 1 : FAIL")
     assert "--dim NAME=SIZE" in _drawn_inputs_hint(args, run) and _drawn_inputs_hint(args, load) == ""
+
+
+def test_the_reference_runtime_gathers_elements_along_a_long_axis():
+    """onnx's GatherElements went through np.choose (at most 32 choices), then a helper reading one
+    element per row: every transformers BERT (token_type_ids gathered from a [1, 512] buffer)
+    failed --runtime reference with "cannot reshape array of size 1 into shape (1, 2)"."""
+    from amp_compiler.validate import run_model, run_reference
+
+    nodes = [helper.make_node("GatherElements", ["table", "idx"], ["g"], axis=1, name="gather"),
+             helper.make_node("Cast", ["g"], ["y"], to=onnx.TensorProto.FLOAT, name="cast")]
+    table = onnx.numpy_helper.from_array(np.arange(512, dtype=np.int64)[None] * 3, "table")
+    m = model(nodes, [fin("idx", 1, 4, dtype=onnx.TensorProto.INT64)], [fin("y", 1, 4)], [table])
+    feeds = {"idx": np.array([[0, 7, 511, -1]], np.int64)}
+    got = run_reference(m, feeds)[0]
+    np.testing.assert_array_equal(got, run_model(m, feeds)[0])
+    np.testing.assert_array_equal(got, [[0, 21, 1533, 1533]])

@@ -143,6 +143,9 @@ def _fatal_inference_error(text: str) -> tuple[str, str] | None:
         what = ("type" if kind == "TypeInferenceError" or re.search(r"\btypes?\b", message) else
                 "shape" if kind == "ShapeInferenceError" else "type and shape")
         where = f"node {name!r} ({op})" if name else f"a {op} node"
+        if "has unsupported type" in message:  # TorchScript's Min on int64 ids at opset 11 (T5): Min-12 takes it
+            message += (f" ({op} at the model's opset does not take this type; ONNX Runtime refuses it too: "
+                        "export with a newer opset_version)")
         return where, f"{what} inference failed: {message}"
     return None
 

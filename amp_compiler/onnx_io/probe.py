@@ -15,15 +15,20 @@ from onnx import ModelProto, helper
 
 def run_exposed(model: ModelProto, names: Iterable[str], feeds: dict[str, np.ndarray], runner: Callable,
                 label: str) -> dict[str, np.ndarray]:
-    """Values by name of the graph outputs and ``names`` after one run of ``model`` (left unmodified).
+    """Values by name of the graph outputs and ``names`` after one run of ``model`` (left as it was).
 
-    ``runner(model, feeds, label=...)`` runs it (``validate.run_model`` or ``run_reference``).
+    ``runner(model, feeds, label=...)`` runs it (``validate.run_model`` or ``run_reference``). The
+    outputs are added to ``model`` for the run and taken off after it, not added to a copy: a copy
+    of a model with its weights inline doubled the memory validation's overflow check needed.
     """
-    probe = ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
+    graph = model.graph
+    kept = len(graph.output)
+    have = {o.name for o in graph.output}
     for name in names:
         if name not in have:
-            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+            graph.output.append(helper.make_empty_tensor_value_info(name))
             have.add(name)
-    return dict(zip([o.name for o in probe.graph.output], runner(probe, feeds, label=label)))
+    try:
+        return dict(zip([o.name for o in graph.output], runner(model, feeds, label=label)))
+    finally:
+        del graph.output[kept:]

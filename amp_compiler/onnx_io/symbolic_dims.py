@@ -20,6 +20,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
 from .inference import placeholder_names
+from .tensors import is_external
 
 
 def unrelated_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> set[str]:
@@ -29,6 +30,11 @@ def unrelated_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]
     return found - _dims(light.graph.input)
 
 
+def _unshaped(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> bool:
+    """Whether a main-graph value has no shape (onnx could not tell its rank)."""
+    return any(types.get(o, (0, None))[1] is None for n in light.graph.node for o in n.output if o)
+
+
 def _dims(values) -> set[str]:
     return {d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
@@ -36,7 +42,7 @@ def _dims(values) -> set[str]:
 def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> int:
     """Rewrite ``light``'s value shapes with ONNX Runtime's related dims where onnx's are
     unrelated symbols or unknown; returns how many values changed (0 when nothing was to do)."""
-    if not unrelated_dims(light, types):
+    if not unrelated_dims(light, types) and not _unshaped(light, types):
         return 0
     inferred = symbolic_model(light)
     if inferred is None:
@@ -96,6 +102,7 @@ def _shape_model(light: ModelProto) -> ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(shaped)
+    graph.input.extend(_stripped_constants(graph))
     graph.input.extend(_weight_values(graph, {t.name for t in graph.initializer} | stripped))
     # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
     # exporter-named dims) would pass for a result, and the emitted file carries these shapes
@@ -107,6 +114,29 @@ def _shape_model(light: ModelProto) -> ModelProto:
 
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+
+def _stripped_constants(graph) -> list[ValueInfoProto]:
+    """``Constant`` nodes whose value the light copy left without data, taken out of ``graph`` and
+    returned as inputs of the same type and shape: ONNX Runtime's inference reads every Constant's
+    value, and a Speech2Text exported with ``dynamo=False`` (its sinusoidal position table is one)
+    failed there, leaving 158 dims unsized."""
+    values, kept = [], []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is not None and is_external(value):
+            values.append(helper.make_tensor_value_info(node.output[0], value.data_type, list(value.dims)))
+        else:
+            kept.append(node)
+    return _taken_out(graph, kept, values)
+
+
+def _taken_out(graph, kept: list, values: list[ValueInfoProto]) -> list[ValueInfoProto]:
+    """``values``, once ``graph`` holds only the ``kept`` nodes (where any value was taken out)."""
+    if values:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return values
 
 
 def _weight_values(graph, constants: set[str]) -> list[ValueInfoProto]:
@@ -130,10 +160,7 @@ def _weight_values(graph, constants: set[str]) -> list[ValueInfoProto]:
             values.extend(static[o] for o in node.output)
         else:
             kept.append(node)
-    if values:
-        del graph.node[:]
-        graph.node.extend(kept)
-    return values
+    return _taken_out(graph, kept, values)
 
 
 def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[str]) -> bool:
@@ -142,7 +169,9 @@ def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[st
     if theirs is None or not theirs.type.tensor_type.HasField("shape"):
         return False
     dims, other = mine.type.tensor_type.shape.dim, theirs.type.tensor_type.shape.dim
-    if not mine.type.tensor_type.HasField("shape") or len(dims) != len(other):
+    if not mine.type.tensor_type.HasField("shape"):  # onnx could not tell the rank: a Reshape to a computed shape
+        return _adopt_whole(mine, theirs, declared)
+    if len(dims) != len(other):
         return False
     changed = False
     for d, o in zip(dims, other):
@@ -156,6 +185,19 @@ def _adopt(mine: ValueInfoProto, theirs: ValueInfoProto | None, declared: set[st
             continue
         changed = True
     return changed
+
+
+def _adopt_whole(mine: ValueInfoProto, theirs: ValueInfoProto, declared: set[str]) -> bool:
+    """Take ``theirs``' whole shape where onnx gave ``mine`` none, if each dim is a number or an
+    expression of declared dims. A TorchScript export's ``view(*x.size()[:-1], heads, d)`` reshapes
+    to ``Concat(Unsqueeze(Gather(Shape(x))), ...)``, which onnx cannot evaluate: every value after a
+    BERT's first head split was unshaped, its GEMMs priced at 16 FLOPs, the plan FP32 by cost."""
+    other = theirs.type.tensor_type.shape.dim
+    if mine.type.tensor_type.elem_type != theirs.type.tensor_type.elem_type or not all(
+            o.HasField("dim_value") or (o.dim_param and names_in(o.dim_param) <= declared) for o in other):
+        return False
+    mine.type.tensor_type.shape.CopyFrom(theirs.type.tensor_type.shape)
+    return True
 
 
 __all__ = ["relate_dims", "symbolic_model", "unrelated_dims"]

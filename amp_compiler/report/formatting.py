@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .schema import PRECISION_LABEL
 
@@ -141,3 +141,16 @@ def ratio(a: Any, b: Any) -> float | None:
 def short_dtype(d: Any) -> str:
     return PRECISION_LABEL.get(clean(d), clean(d) or "?")
 
+
+
+def overflow_lines(validation: Mapping) -> list[str]:
+    """A line per value validation's overflow check found overflowing (``amp_compiler/overflow.py``),
+    and one counting the values an inf reached from them."""
+    rows = [r for r in validation.get("overflows") or [] if isinstance(r, Mapping)]
+    origins = [r for r in rows if r.get("origin", True)] or rows
+    lines = [f"overflow: {clean(r.get('name'))} (written by {clean(r.get('writer'))}) reaches "
+             f"{fmt_sci(r.get('fp32_peak'))} in the FP32 run, inf in FP16 (a GPU computes it so; "
+             "--calibrate keeps it FP32)" for r in origins]
+    if len(rows) > len(origins):
+        lines.append(f"overflow: {len(rows) - len(origins)} more values are not finite downstream of them")
+    return lines

@@ -12,7 +12,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
-                         fmt_time, num, plural, ratio)
+                         fmt_time, overflow_lines, num, plural, ratio)
 from .html_assets import CSS, JS
 from ..report_graph import GRAPH_JS, html_views
 from .schema import CLASS_ORDER, PRECISION_LABEL, SCHEMA_VERSION
@@ -212,6 +212,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
             parts.append("</tbody></table>")
             parts += [f'<p class="note">{e(o.get("name"))}: {e(o["note"])}</p>' for o in outputs
                       if isinstance(o, Mapping) and o.get("note")]
+            parts += [f'<p class="note">{e(line)}</p>' for line in overflow_lines(val)]
         else:
             parts.append('<p class="none">No outputs compared.</p>')
         drawn = s.get("inputs_drawn")

@@ -51,7 +51,7 @@ _OP_KEYS = ("name", "op_type", "canonical", "class", "precision", "reason", "flo
 _CAST_KEYS = ("name", "tensor", "from", "to", "bytes", "reason")
 _PASS_KEYS = ("name", "time_s", "changed", "details")
 _ALIGN_KEYS = ("op", "message")
-_VALIDATION_KEYS = ("tolerance", "passed", "outputs")
+_VALIDATION_KEYS = ("tolerance", "passed", "outputs", "overflows")
 _VOUT_KEYS = ("name", "max_abs_error", "max_rel_error", "passed")
 
 

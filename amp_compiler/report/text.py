@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Mapping
 
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
-                         fmt_time, num, plural, short_dtype)
+                         fmt_time, overflow_lines, num, plural, short_dtype)
 from .schema import PRECISION_LABEL
 from .text_table import INDENT, TEXT_WIDTH, Col, cut, display_width, heading, more_line, table, trunc_end
 
@@ -163,6 +163,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
             if more:
                 out.append(more_line(more))
             out += [f"{INDENT}{o.get('name')}: {o['note']}" for o in shown if isinstance(o, Mapping) and o.get("note")]
+            out += [f"{INDENT}{line}" for line in overflow_lines(val)]
         else:
             out.append(f"{INDENT}no outputs compared")
         drawn = s.get("inputs_drawn")
