@@ -32,7 +32,7 @@ def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict
     """(error an op adds, op name) for every low-precision op of the main graph, worst first."""
     low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and not o.get("scope")]
     orig_outputs = {n.output[i] for n in original.graph.node for i in range(len(n.output)) if n.output[i]}
-    by_name = {n.name: n for n in original.graph.node}
+    by_name = original_nodes(original, report)
     tensors = sorted({t for o in low_ops if o["name"] in by_name for t in by_name[o["name"]].output
                       if t in orig_outputs} | {t for o in low_ops if o["name"] in by_name
                                                for t in by_name[o["name"]].input if t in orig_outputs})
@@ -54,14 +54,27 @@ def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict
     return ranked
 
 
-def _with_low_producers(names: list[str], model: ModelProto, low: set[str]) -> list[str]:
-    """``names`` plus the low-precision ops writing their inputs.
+def original_nodes(original: ModelProto, report) -> dict[str, Any]:
+    """Report op name -> the main-graph node of ``original`` it plans, matched by an output (a node
+    may have no name: the importer names it ``<op_type>_<index>``, and matching by node name had
+    found none, so the fallback moved nothing)."""
+    by_output = {t: n for n in original.graph.node for t in n.output if t}
+    found = {}
+    for op in report.ops:
+        node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None)
+        if node is not None and not op.get("scope"):
+            found[op["name"]] = node
+    return found
+
+
+def _with_low_producers(names: list[str], nodes: dict[str, Any], low: set[str]) -> list[str]:
+    """``names`` plus the low-precision ops writing their inputs (``nodes``: ``original_nodes``).
 
     Error shows where it is *revealed* (x + 1000 - 1000 cancels in the Sub), but it was
     made where a value was rounded (the Add): moving only the revealing op rarely helps.
     """
-    producer = {t: n.name for n in model.graph.node for t in n.output}
-    by_name = {n.name: n for n in model.graph.node}
+    producer = {t: name for name, n in nodes.items() for t in n.output}
+    by_name = nodes
     out = list(names)
     for name in names:
         for t in by_name[name].input if name in by_name else ():
@@ -109,7 +122,8 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
         if not candidates:
             break
         low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
-        step = _with_low_producers(candidates if overflowing else candidates[:take], original, low - set(denied))
+        step = _with_low_producers(candidates if overflowing else candidates[:take], original_nodes(original, report),
+                                   low - set(denied))
         why = ("fallback: writes an input of an op whose FP16 value overflows" if overflowing
                else f"fallback: FP16 here added error beyond the {tolerance:g} budget")
         denied.update((name, overflowing.get(name, why)) for name in step)

@@ -44,6 +44,20 @@ def test_fallback_moves_only_the_ops_that_add_error():
     assert "fallback" in {o["name"]: o["reason"] for o in report.ops}["shift_up"]
 
 
+def test_fallback_finds_ops_of_nodes_without_names():
+    """ONNX node names are optional (the importer names an unnamed node ``<op_type>_<index>``): the
+    error ranking matched report ops to nodes by name, found none, and gave up having moved 0 ops."""
+    m = _cancellation()
+    for node in m.graph.node:
+        node.name = ""
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
+    convert = functools.partial(convert_onnx, m, planner="all")
+    converted, moved = convert_with_fallback(convert, m, feeds, tolerance=1e-2, runner=run_reference)
+    precision = {o["op_type"]: o["precision"] for o in converted.report.ops if o["op_type"] != "MatMul"}
+    assert moved and precision["Add"] == "float32"
+    assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
+
+
 def test_fallback_gives_up_with_a_clear_error_when_out_of_rounds():
     m = _cancellation()
     feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
