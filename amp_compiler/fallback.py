@@ -96,17 +96,20 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
     user = "deny: node named by the user (--deny-node)"
     denied = dict.fromkeys(deny_nodes, user)  # op name -> its reason (``passes/classify.py`` reports it)
     moved: list[str] = []
-    expected = runner(original, feeds, label="the FP32 model")
+    expected = None
     take = 1
     for round_ in range(max_rounds + 1):
-        result = convert(deny_nodes=denied)
+        result = convert(deny_nodes=denied)  # first: a malformed model gets the importer's error, not ORT's
         converted, report = result.model, result.report
+        if expected is None:
+            expected = runner(original, feeds, label="the FP32 model")
         worst, rows = _check(original, converted, feeds, runner, expected)
         # writers of values FP16 cannot hold (the CPU runtime hides them, ``overflow.py``), by their plan names
         plan_name = {op["name"][len(op["scope"]) + 1:]: op["name"] for op in report.ops if op.get("scope")}
         plan_name.update((op["name"], op["name"]) for op in report.ops if not op.get("scope"))
-        overflowing = {plan_name[name]: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
-                       for r in rows for name in _planned_writers(converted, r["writer"], plan_name)}
+        writer_of = {t: op["name"] for op in report.ops for t in op.get("outputs") or ()}  # unnamed nodes too
+        overflowing = {name: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
+                       for r in rows for name in _planned_writers(converted, r, plan_name, writer_of)}
         overflowing = {name: why for name, why in overflowing.items() if name not in denied}
         if progress:
             progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(rows)} overflowing FP16 "
@@ -135,15 +138,24 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
                                             f"{tolerance:g} after moving {len(moved)} ops to FP32")
 
 
-def _planned_writers(converted: ModelProto, writer: str, planned) -> list[str]:
-    """``writer`` if the plan has it, else, for a cast the conversion inserted (an FP32 op's output
-    cast to FP16 overflows there), the planned ops reading its output."""
-    if writer in planned:
-        return [writer]
+def _planned_writers(converted: ModelProto, row: dict, plan_name: dict[str, str],
+                     writer_of: dict[str, str]) -> list[str]:
+    """The plan names of the ops to move for an overflow ``row``: its value's writer where the plan
+    has it, else, for a cast the conversion inserted (an FP32 op's output cast to FP16 overflows
+    there), the planned ops reading its output. Ops are found by the values they write
+    (``writer_of``: the report's), then by node name: ONNX nodes need not have one."""
+    def planned(node) -> str | None:
+        by_value = next((writer_of[t] for t in node.output if t in writer_of), None)
+        return by_value if by_value is not None else plan_name.get(node.name)
+
+    if row.get("value") in writer_of:
+        return [writer_of[row["value"]]]
+    if row["writer"] in plan_name:
+        return [plan_name[row["writer"]]]
     for g, _ in graphs(converted.graph, ""):
-        cast = next((n for n in g.node if n.name == writer and n.op_type == "Cast"), None)
+        cast = next((n for n in g.node if n.name == row["writer"] and n.op_type == "Cast"), None)
         if cast is not None:
-            return [n.name for n in g.node if cast.output[0] in n.input and n.name in planned]
+            return [p for n in g.node if cast.output[0] in n.input and (p := planned(n)) is not None]
     return []
 
 

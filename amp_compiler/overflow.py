@@ -61,7 +61,7 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
     (``converted_runner``, if given, runs the converted one). The ``If`` branches the feeds take are
     checked too (``onnx_io/taken_branches.py``: a merged decoder's GEMMs are all in branches).
 
-    A row: the value's name, its writer, its largest magnitude in the FP32 run where it is not finite
+    A row: the value's name (``value``: in the converted model), its writer, its largest magnitude in the FP32 run where it is not finite
     in the converted one, and ``origin``: its writer reads no exposed value that is not finite (it
     overflows itself, rather than an inf reaching it: the reference runtime carries infs downstream).
     """
@@ -87,7 +87,7 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
         bad = np.isfinite(fp32) & ~np.isfinite(low)
         if bad.any() and not _saturated(name, readers, ends, _MAX_CHAIN):
             writer = writers.get(name)
-            rows.append({"name": source, "writer": writer.name or writer.op_type if writer else "",
+            rows.append({"name": source, "value": name, "writer": writer.name or writer.op_type if writer else "",
                          "fp32_peak": float(np.max(np.abs(fp32[bad]))),
                          "origin": writer is None or not broken.intersection(writer.input)})
     rows.sort(key=lambda r: not r["origin"])  # the values that overflow first, those an inf reached after

@@ -1059,3 +1059,15 @@ def test_an_op_given_a_type_its_opset_does_not_take_says_to_export_newer(tmp_pat
     assert_refused(capsys, inp, f"{inp}: node 'clamp' (Min): type inference failed: data_0 typestr: T, has unsupported "
                                 "type: tensor(int64) (Min at the model's opset does not take this type; ONNX Runtime "
                                 "refuses it too: export with a newer opset_version)", out=tmp_path / "out.onnx")
+
+
+def test_a_malformed_model_under_fallback_gets_the_importers_error(tmp_path, capsys):
+    """--fallback ran the FP32 model on ONNX Runtime before converting it: a value defined twice
+    read "the FP32 model: ONNX Runtime: cannot load it: ... Duplicate definition", naming no file."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="a"), helper.make_node("Relu", ["x"], ["r"], name="b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [2])],
+                              [helper.make_tensor_value_info("r", TP.FLOAT, [2])])
+    inp = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert_refused(capsys, inp, f"{inp}: tensor 'r': defined twice in the main graph: by node 'a' (Relu) and by "
+                                "node 'b' (Relu); ONNX names must be unique (SSA)", out=tmp_path / "out.onnx",
+                   extra=["--fallback"])

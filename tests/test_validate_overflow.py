@@ -86,6 +86,21 @@ def test_the_fallback_moves_the_overflowing_op_and_says_why(tmp_path):
     assert "fallback: " in why and "--deny-node" not in why
 
 
+def test_the_fallback_moves_overflowing_ops_of_nodes_without_names(tmp_path):
+    """ONNX node names are optional: the overflowing writers were looked up by node name, and so were
+    the readers of an inserted cast whose FP16 copy overflows; the fallback moved the writer, then
+    found nothing to move and failed. The plan's ops are found by the values they write."""
+    m = _ffn([helper.make_node("Relu", ["o"], ["o2"], name="act2"),
+              helper.make_node("Mul", ["o2", "c"], ["y"], name="scale")], c=1e-3)
+    for node in m.graph.node:
+        node.name = ""
+    status, _, report = _convert(tmp_path, m, "--planner", "all", "--fallback")
+    assert status == 0 and report["validation"]["overflows"] == []
+    moved = report["fallback"]["moved_to_fp32"]
+    precision = {op["op_type"]: op["precision"] for op in report["ops"] if op["name"] in moved}
+    assert len(moved) >= 2 and precision and set(precision.values()) == {"float32"}
+
+
 def test_the_overflow_check_reads_a_model_whose_weights_are_external_data(tmp_path):
     """A dynamo export keeps its weights in a .data file: the check was skipped for it (a Gemma's
     scaled embeddings at 1.2e5 passed --validate); ONNX Runtime now reads the data from the folder."""
