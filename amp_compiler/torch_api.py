@@ -242,24 +242,31 @@ def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, flo
 class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
-    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, options: dict) -> None:
+    def __init__(self, model: torch.nn.Module, route, source: str, options: dict,
+                 route_for: Callable[[bool], Any]) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
-        self.training = training
+        self.training = model.training
         # options: compile's keywords, for the submodules generate calls apart (an encoder)
         self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None,
                              _recompile={})  # compile's other keywords (training, dynamic_shapes), for deepcopy
+        # one route per train/eval mode: the other mode's is made (planned on its first call) by route_for
+        self.__dict__.update(_mode=model.training, _routes={}, _route_for=route_for)
 
     @property
     def capture(self) -> str:
         """Which route captured the model: ``"torch.export"`` or dynamo's."""
         return self._route.name
 
+    def _all_plans(self) -> list[Plan]:
+        """The plans of both modes' routes, the current mode's last."""
+        return [p for route in (*self._routes.values(), self._route) for p in route.plans]
+
     @property
     def plans(self) -> int:
-        """How many plans (call shapes) this module holds now."""
-        return len(self._route.plans)
+        """How many plans (call shapes, in either train/eval mode) this module holds now."""
+        return len(self._all_plans())
 
     @property
     def report(self) -> Report | None:
@@ -269,9 +276,10 @@ class AmpModule(torch.nn.Module):
     @property
     def reports(self) -> list[tuple[str, Report | None]]:
         """``(call shapes, report)`` of each plan held, least recently used first."""
-        return [(p.shapes, p.report) for p in self._route.plans]
+        return [(p.shapes, p.report) for p in self._all_plans()]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._follow_mode()
         plan, out = self._route.call(args, kwargs)
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
@@ -328,17 +336,26 @@ class AmpModule(torch.nn.Module):
             return value
 
     def train(self, mode: bool = True) -> "AmpModule":
-        if bool(mode) != self.training:
-            have, want = ("train", "eval") if self.training else ("eval", "train")
-            raise RuntimeError(
-                f"amp_compiler: {self._source} was compiled in {have} mode; the captured graph is specialised "
-                f"to it (dropout, batch-norm statistics), so it cannot switch to {want} mode. "
-                f"Compile model.{want}() separately.")
+        """Sets the model's mode (``model.train(mode)``); the next call runs that mode's plans."""
+        self._route.model.train(mode)
+        self.training = bool(mode)
         return self
+
+    def _follow_mode(self) -> None:
+        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own): a
+        graph is captured in one mode (dropout, batch-norm statistics), so each mode has its route,
+        the other one planned on its first call (docs/architecture.md, "Capture routes and shapes")."""
+        mode = self._route.model.training
+        if mode == self._mode:
+            return
+        self._routes[self._mode] = self._route
+        route = self._routes.pop(mode, None) or self._route_for(mode)
+        self.__dict__.update(_route=route, _mode=mode)
+        self.training = mode
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
-        for plan in self._route.plans:
+        for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
         return self
@@ -353,7 +370,7 @@ class AmpModule(torch.nn.Module):
 
     def __copy__(self) -> "AmpModule":
         new = AmpModule.__new__(AmpModule)  # shares model and plans, as copy.copy did before __reduce_ex__
-        new.__dict__.update(self.__dict__)
+        new.__dict__.update(self.__dict__, _routes=dict(self._routes))  # the other mode's route: its own slot
         return new
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -399,9 +416,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
     warn_if_recurrent(model, "compile")
-    training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
-                deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
+                deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=False, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
                 deploy=deploy, objective=objective)
     _context(opts)  # bad options fail before any capture
@@ -409,21 +425,30 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
     options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
-    capture = functools.partial(_capture, model, opts, source, dynamic_shapes, max_plans, training)
+    recompile = dict(training=training, dynamic_shapes=dynamic_shapes)
+
+    def capture_in(mode: bool) -> Callable[[tuple, dict], tuple[Any, Plan, tuple]]:
+        """The capture of the model in train/eval ``mode``: gradients kept by default in train mode."""
+        keep = mode if training is None else bool(training)
+        return functools.partial(_capture, model, {**opts, "training": keep}, source, dynamic_shapes, max_plans, keep)
+
+    def route_for(mode: bool) -> _FirstCall:
+        return _FirstCall(model, capture_in(mode))
+
     # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
     # as a transformers model's have: an empty call is not what the model is called with)
     if not args and not kwargs:
-        amp = AmpModule(model, _FirstCall(model, capture), model.training, source, options)
-        amp.__dict__["_recompile"] = dict(training=training, dynamic_shapes=dynamic_shapes)
+        amp = AmpModule(model, route_for(model.training), source, options, route_for)
+        amp.__dict__["_recompile"] = recompile
         return amp
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
                         f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
-    route, plan, _ = capture(args, kwargs)
-    amp = AmpModule(model, route, model.training, source, options)
-    amp.__dict__.update(_last=plan, _recompile=dict(training=training, dynamic_shapes=dynamic_shapes))
+    route, plan, _ = capture_in(model.training)(args, kwargs)
+    amp = AmpModule(model, route, source, options, route_for)
+    amp.__dict__.update(_last=plan, _recompile=recompile)
     return amp
 
 

@@ -261,9 +261,41 @@ def test_batchnorm_buffers_update_in_train_mode_and_gradients_reach_fp32_weights
         assert rel_error(p.grad, q.grad) < 5e-2  # FP16 backward through the conv: ~2e-2 here
     # training graph: the weight casts stay run-time ops, so gradients flow through them
     assert any(c["tensor"] == "conv.weight" for c in compiled.report.casts)
-    with pytest.raises(RuntimeError, match="compiled in train mode.*Compile model.eval\\(\\) separately"):
-        compiled.eval()
-    compiled.train()  # the captured mode is fine
+
+
+class _DropBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.bn, self.drop, self.down = nn.Linear(64, 128), nn.BatchNorm1d(128), nn.Dropout(0.5), nn.Linear(128, 8)
+
+    def forward(self, x):
+        return self.down(self.drop(torch.relu(self.bn(self.up(x)))))
+
+
+def test_the_compiled_module_follows_train_and_eval_mode():
+    """Evaluation after training on one AmpModule: ``am.eval()`` (it had raised) and the model's own
+    ``model.train()``/``eval()`` (the captured mode had run silently: dropout and statistic updates at
+    evaluation) each run that mode's plan, the other mode's captured on its first call."""
+    model, x = _seeded(_DropBN).train(), torch.randn(32, 64)
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy")
+    compiled(x).sum().backward()  # train mode: statistics move, gradients reach the FP32 weights
+    assert model.bn.num_batches_tracked.item() == 1 and model.up.weight.grad is not None
+    compiled.eval()
+    assert not model.training and not model.bn.training
+    stats = model.bn.running_mean.clone()
+    with torch.inference_mode():
+        out, again = compiled(x), compiled(x)
+        expected = model(x)
+    assert torch.equal(out, again)  # no dropout
+    assert torch.equal(model.bn.running_mean, stats) and model.bn.num_batches_tracked.item() == 1
+    assert rel_error(expected, out) < 1e-2
+    assert compiled.plans == 2
+    model.train()  # the model's own switch is followed too
+    first, second = compiled(x), compiled(x)
+    assert not torch.equal(first, second) and model.bn.num_batches_tracked.item() == 3 and compiled.training
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), compiled(x)) and compiled.plans == 2  # the eval plan, reused
 
 
 def test_several_outputs_and_keyword_arguments():
