@@ -136,6 +136,8 @@ class TrainStep:
                                  f"the example's is {dtype} with {dim} dims")
 
     def _select(self, batch: tuple) -> _Capture:
+        if tuple(n for n, p in self._params.items() if p.requires_grad) != self.setup.trainable_order:
+            self._follow_trainable()
         n_acc = self.setup.accumulation_steps
         update = self._micro + 1 >= n_acc
         has_acc = self._micro > 0
@@ -159,10 +161,21 @@ class TrainStep:
                 return cap
         return None
 
+    def _follow_trainable(self) -> None:
+        """Parameters were frozen or unfrozen (a backbone unfrozen at epoch 2): the step's inputs change,
+        so the captures are dropped and the next call captures again; scale and optimizer state stay."""
+        if self._micro:
+            raise ValueError("compile_training: which parameters require grad changed between micro-batches "
+                             "of one accumulation; change it after an update")
+        old = self.setup
+        self.setup = _setup(old.ddp or old.model, old.loss_fn, old.optimizer, old.config, old.n_targets,
+                            old.accumulation_steps, old.max_grad_norm, old.keep_grads, old.max_grad_value)
+        self._captures.clear()
+        self._taken.clear()
+        warnings.warn(f"compile_training: the parameters that require grad changed ({len(self.setup.trainable)} "
+                      f"trainable, {len(self.setup.frozen)} frozen now): the step is captured again", stacklevel=4)
+
     def _capture(self, key: tuple, variant: Variant, states, batch) -> _Capture:
-        if key[-1] != tuple(self.setup.trainable_order):
-            raise ValueError("compile_training: which parameters require grad changed since compiling; "
-                             "compile the step again")
         if len(self._captures) >= self.max_captures:
             raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
@@ -195,10 +208,12 @@ class TrainStep:
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
         hints = largest_sizes(traced.symbols, (*seen, shapes))
-        report, nodes = plan_variant(self.setup, gm, variant, self.plan_options, hints)
+        report, nodes, folded = plan_variant(self.setup, gm, variant, self.plan_options, hints)
         runner = gm
         if self.backend == "inductor":
             runner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(traced.symbols) or None)
+        if folded.entries:
+            runner = _refreshing(runner, gm, folded)
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
@@ -270,6 +285,15 @@ class TrainStep:
         self._scale = state["scale"].clone()
         self._tracker = state["growth_tracker"].clone()
         self._skipped = state["skipped_steps"].clone()
+
+
+def _refreshing(runner: Callable, gm: torch.fx.GraphModule, folded) -> Callable:
+    """``runner`` recasting first the FP16 copies of frozen parameters whose FP32 input changed (a
+    ``load_state_dict`` when resuming: the copies made at capture had trained on stale weights)."""
+    def run(*flat: torch.Tensor):
+        folded.refresh(gm, flat)
+        return runner(*flat)
+    return run
 
 
 def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
