@@ -243,16 +243,18 @@ class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
     def __init__(self, model: torch.nn.Module, route, source: str, options: dict,
-                 route_for: Callable[[bool], Any]) -> None:
+                 route_for: Callable[[bool], Any], recompile: dict) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
         self.training = model.training
         # options: compile's keywords, for the submodules generate calls apart (an encoder)
         self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None,
-                             _recompile={})  # compile's other keywords (training, dynamic_shapes), for deepcopy
-        # one route per train/eval mode: the other mode's is made (planned on its first call) by route_for
-        self.__dict__.update(_mode=model.training, _routes={}, _route_for=route_for)
+                             _recompile=recompile)  # compile's other keywords (training, dynamic_shapes), for deepcopy
+        # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
+        # others are made (planned on their first call) by route_for
+        self.__dict__.update(_routes={}, _route_for=route_for)
+        self.__dict__["_mode"] = self._route_key()
 
     @property
     def capture(self) -> str:
@@ -341,17 +343,25 @@ class AmpModule(torch.nn.Module):
         self.training = bool(mode)
         return self
 
+    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None]:
+        """The model's mode and, where its plans keep gradients, which parameters require them (a
+        frozen one is folded into an FP16 constant: unfrozen, it would get no gradient)."""
+        model, training = self._route.model, self._recompile.get("training")
+        keeps = model.training if training is None else training
+        return model.training, tuple(p.requires_grad for p in model.parameters()) if keeps else None
+
     def _follow_mode(self) -> None:
-        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own): a
-        graph is captured in one mode (dropout, batch-norm statistics), so each mode has its route,
-        the other one planned on its first call (docs/architecture.md, "Capture routes and shapes")."""
-        mode = self._route.model.training
-        if mode == self._mode:
+        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own) and
+        trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
+        the frozen parameters folded, so each has its route, planned on its first call
+        (docs/architecture.md, "Capture routes and shapes")."""
+        key = self._route_key()
+        if key == self._mode:
             return
         self._routes[self._mode] = self._route
-        route = self._routes.pop(mode, None) or self._route_for(mode)
-        self.__dict__.update(_route=route, _mode=mode)
-        self.training = mode
+        route = self._routes.pop(key, None) or self._route_for(key[0])
+        self.__dict__.update(_route=route, _mode=key)
+        self.training = key[0]
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
@@ -438,17 +448,15 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
     # as a transformers model's have: an empty call is not what the model is called with)
     if not args and not kwargs:
-        amp = AmpModule(model, route_for(model.training), source, options, route_for)
-        amp.__dict__["_recompile"] = recompile
-        return amp
+        return AmpModule(model, route_for(model.training), source, options, route_for, recompile)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
                         f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
     route, plan, _ = capture_in(model.training)(args, kwargs)
-    amp = AmpModule(model, route, source, options, route_for)
-    amp.__dict__.update(_last=plan, _recompile=recompile)
+    amp = AmpModule(model, route, source, options, route_for, recompile)
+    amp.__dict__["_last"] = plan
     return amp
 
 

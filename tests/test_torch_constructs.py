@@ -298,6 +298,25 @@ def test_the_compiled_module_follows_train_and_eval_mode():
         assert torch.equal(compiled(x), compiled(x)) and compiled.plans == 2  # the eval plan, reused
 
 
+
+def test_a_parameter_unfrozen_after_compiling_gets_its_gradient():
+    """A train-mode plan folds a frozen layer's weights into an FP16 constant; unfreezing the layer
+    (``requires_grad_(True)`` at epoch 2) plans again, so its gradient reaches it (it had stayed None)."""
+    model, x = _seeded(_DropBN).eval(), torch.randn(32, 64)
+    model.up.requires_grad_(False)
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy", training=True)
+    compiled(x).sum().backward()
+    assert model.up.weight.grad is None and model.down.weight.grad is not None
+    model.up.requires_grad_(True)
+    compiled(x).sum().backward()
+    model.zero_grad()
+    model(x).sum().backward()
+    expected = model.up.weight.grad.clone()
+    model.zero_grad()
+    compiled(x).sum().backward()
+    assert rel_error(expected, model.up.weight.grad) < 5e-2 and compiled.plans == 2
+
+
 def test_several_outputs_and_keyword_arguments():
     class Heads(nn.Module):
         def __init__(self):
