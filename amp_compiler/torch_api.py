@@ -54,7 +54,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.capture_failure import dynamo_or_raise
-from .fx_io.model_checks import bind_error, signature, warn_if_low_precision, warn_if_recurrent
+from .fx_io.model_checks import bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
 from .plan import make_context, run_passes
@@ -426,6 +426,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
     warn_if_recurrent(model, "compile")
+    warn_if_hooked(model, "compile")
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=False, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,

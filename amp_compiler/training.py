@@ -22,7 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
-from .fx_io.model_checks import warn_if_low_precision
+from .fx_io.model_checks import warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
@@ -365,6 +365,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
                    max_grad_value)
     warn_if_low_precision(setup.model, "compile_training")
+    warn_if_hooked(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                         deny_propagation=deny_propagation)
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -317,6 +317,24 @@ def test_a_parameter_unfrozen_after_compiling_gets_its_gradient():
     assert rel_error(expected, model.up.weight.grad) < 5e-2 and compiled.plans == 2
 
 
+
+def test_forward_hooks_of_the_model_are_warned_about_and_the_compiled_modules_fire():
+    """A hook on the model runs at capture only (its return value is in the graph): the user is told,
+    naming the module (its side effects had stopped silently); one on the compiled module fires."""
+    model, x = _seeded(_DropBN).eval(), torch.randn(32, 64)
+    seen = []
+    model.bn.register_forward_hook(lambda module, args, out: seen.append("bn"))
+    model.down.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    with pytest.warns(UserWarning, match=r"forward hooks of bn and 1 more modules run only while the model is "
+                                         r"captured"):
+        compiled = amp_compiler.compile(model, x, target=TARGET)
+    compiled.register_forward_hook(lambda module, args, out: seen.append("compiled"))
+    seen.clear()
+    out = compiled(x)
+    assert seen == ["compiled"]
+    assert torch.allclose(out, model.down.bias.expand_as(out), atol=1e-3)  # the pre-hook's zeros are in the graph
+
+
 def test_several_outputs_and_keyword_arguments():
     class Heads(nn.Module):
         def __init__(self):

@@ -5,6 +5,9 @@
 * ``warn_if_low_precision``: a model whose floating parameters the user already moved to float16 or
   bfloat16 (``model.half()``) is planned from those, so nothing the plan keeps "FP32" has FP32
   weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``;
+* ``warn_if_hooked``: forward hooks and pre-hooks run while the model is captured, so what they
+  compute is in the graph, but not at each call: their side effects (collecting activations,
+  logging, counting) would stop silently; the warning names the modules;
 * ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
   time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
@@ -46,6 +49,18 @@ def warn_if_recurrent(model: torch.nn.Module, entry: str, stacklevel: int = 3) -
                       f"its ops for every time step (FP16 where the plan converts them): each sequence length is "
                       f"captured and planned apart, slowly for long sequences; pad to a few fixed lengths, or "
                       f"compile the modules around it", stacklevel=stacklevel)
+
+
+def warn_if_hooked(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
+    """Warn that the forward hooks and pre-hooks of ``model``'s modules run at capture only (first named)."""
+    found = [name or "<root>" for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if found:
+        more = f" and {len(found) - 1} more modules" if len(found) > 1 else ""
+        warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): the forward hooks of {found[0]}{more} run "
+                      f"only while the model is captured: what they return is in the graph, but they are not "
+                      f"called again, so their side effects (collecting activations, logging) stop; register "
+                      f"it on the module amp_compiler.compile returns, or return what you need from forward",
+                      stacklevel=stacklevel)
 
 
 def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
