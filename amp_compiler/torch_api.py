@@ -368,6 +368,10 @@ class AmpModule(torch.nn.Module):
         for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
+        # amp_model.half(): the ops the plans keep FP32 would run on FP16 weights, unsaid
+        warn_if_low_precision(self._route.model, "AmpModule", stacklevel=4,
+                              fix="the plans already run in mixed precision; keep the module float32 "
+                                  "(amp_model.float())")
         return self
 
     def extra_repr(self) -> str:

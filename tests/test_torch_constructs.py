@@ -517,6 +517,23 @@ def test_a_model_moved_to_half_precision_before_compiling_is_warned_about(dtype)
         amp_compiler.compile(model.float(), (torch.randn(2, 64),), target=TARGET)
 
 
+
+def test_a_compiled_module_moved_to_half_precision_is_warned_about():
+    """``amp_model.half()`` after compiling ran silently: the ops the plan keeps FP32 then read FP16
+    weights. Moving it (``.to(device)``, ``.float()``) says nothing."""
+    model = _seeded(lambda: Block(64).eval())
+    compiled = amp_compiler.compile(model, (torch.randn(2, 64),), target=TARGET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled.to("cpu")
+    with pytest.warns(UserWarning, match=r"AmpModule\(Block\): 6 of 6 floating parameters are torch.float16.*"
+                                         r"keep the module float32"):
+        compiled.half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled.float()
+
+
 def test_a_recurrent_module_is_said_to_be_unrolled_per_time_step():
     class Tagger(nn.Module):
         def __init__(self):

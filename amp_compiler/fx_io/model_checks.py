@@ -63,8 +63,10 @@ def warn_if_hooked(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> N
                       stacklevel=stacklevel)
 
 
-def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
-    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling)."""
+def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3,
+                          fix: str = "call model.float() before compiling") -> None:
+    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling,
+    or on the compiled module: ``fix`` says what to do)."""
     dtypes = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
     low = sum(n for dtype, n in dtypes.items() if dtype in (torch.float16, torch.bfloat16))
     if not low or low * 2 < sum(dtypes.values()):
@@ -72,8 +74,7 @@ def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 
     dtype = max((d for d in dtypes if d in (torch.float16, torch.bfloat16)), key=dtypes.__getitem__)
     warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {low} of {sum(dtypes.values())} floating "
                   f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
-                  f"FP32, training's master weights and optimizer), so these stay {dtype}: call model.float() "
-                  f"before compiling", stacklevel=stacklevel)
+                  f"FP32, training's master weights and optimizer), so these stay {dtype}: {fix}", stacklevel=stacklevel)
 
 
 def scripted_submodule(model: torch.nn.Module) -> str:
