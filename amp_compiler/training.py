@@ -213,7 +213,7 @@ class TrainStep:
         if self.backend == "inductor":
             runner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(traced.symbols) or None)
         if folded.entries:
-            runner = _refreshing(runner, gm, folded)
+            runner = _Refreshing(runner, gm, folded)
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
@@ -287,13 +287,19 @@ class TrainStep:
         self._skipped = state["skipped_steps"].clone()
 
 
-def _refreshing(runner: Callable, gm: torch.fx.GraphModule, folded) -> Callable:
+@dataclass
+class _Refreshing:
     """``runner`` recasting first the FP16 copies of frozen parameters whose FP32 input changed (a
-    ``load_state_dict`` when resuming: the copies made at capture had trained on stale weights)."""
-    def run(*flat: torch.Tensor):
-        folded.refresh(gm, flat)
-        return runner(*flat)
-    return run
+    ``load_state_dict`` when resuming: the copies made at capture had trained on stale weights); a
+    class, not a closure, so ``torch.save(step)`` pickles it."""
+
+    runner: Callable
+    gm: torch.fx.GraphModule
+    folded: Any
+
+    def __call__(self, *flat: torch.Tensor):
+        self.folded.refresh(self.gm, flat)
+        return self.runner(*flat)
 
 
 def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,

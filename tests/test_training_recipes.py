@@ -85,6 +85,26 @@ def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
     _close(eager, captured, rtol=1e-2, atol=1e-3)
 
 
+
+def test_a_step_with_a_frozen_layer_survives_torch_save_and_continues_identically():
+    """``torch.save`` of the whole step (model, optimizer and scaler with it): with a frozen layer folded
+    FP16 it had failed to load ('_CodeOnlyModule' has no attribute '_amp_folded...')."""
+    import io
+
+    model = _mlp(frozen_first=True)
+    x, y = _data()
+    step = _compile(model, torch.optim.AdamW(model.parameters(), lr=1e-2), (x, y), planner="greedy")
+    step(x, y)
+    buffer = io.BytesIO()
+    torch.save(step, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.model is not model and loaded.scale == step.scale
+    for _ in range(2):
+        assert torch.equal(loaded(x, y), step(x, y))
+    _close(model, loaded.model, rtol=0, atol=0)
+
+
 def test_unfreezing_a_layer_mid_training_captures_again_and_trains_it():
     """A backbone unfrozen at epoch 2 (its parameters in the optimizer from the start, as users do):
     the step notices, captures again with the scale and optimizer state kept, and trains it as eager
