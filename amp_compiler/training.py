@@ -279,12 +279,16 @@ class TrainStep:
                 "skipped_steps": self._skipped.clone(), "loss_scale": self.config.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load ``state_dict()``'s, or a ``torch.amp.GradScaler``'s (an eager autocast run resumed here:
+        its ``_growth_tracker``, no skip count); onto this step's device (a checkpoint mapped to the CPU)."""
+        if "_growth_tracker" in state and "growth_tracker" not in state:  # GradScaler.state_dict()
+            state = {"skipped_steps": 0, **state, "growth_tracker": state["_growth_tracker"]}
         missing = {"scale", "growth_tracker", "skipped_steps"} - set(state)
         if missing:
-            raise KeyError(f"state_dict lacks {sorted(missing)}")
-        self._scale = state["scale"].clone()
-        self._tracker = state["growth_tracker"].clone()
-        self._skipped = state["skipped_steps"].clone()
+            raise KeyError(f"compile_training: the scaler state_dict lacks {sorted(missing)}")
+        self._scale, self._tracker, self._skipped = (
+            torch.as_tensor(state[k]).to(like.device, like.dtype, copy=True)
+            for k, like in (("scale", self._scale), ("growth_tracker", self._tracker), ("skipped_steps", self._skipped)))
 
 
 @dataclass

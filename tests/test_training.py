@@ -156,6 +156,26 @@ def test_optimizer_and_scaler_state_round_trip_resumes_identically():
     _assert_same_params(a, c, rtol=0, atol=0)
 
 
+
+def test_an_eager_grad_scalers_state_resumes_the_loss_scale():
+    """A run moved from eager autocast + GradScaler to compile_training keeps its scale and growth count
+    (GradScaler's state_dict has a float scale and '_growth_tracker': it had been a KeyError)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(model, F.cross_entropy, opt, _batch(), growth_interval=3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=3)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))  # noqa: SLF001 - as after eager steps
+    scaler._growth_tracker.fill_(2)  # noqa: SLF001
+    step.load_state_dict(scaler.state_dict())
+    assert step.scale == 512.0 and step.skipped_steps == 0
+    step(*_batch())
+    assert step.scale == 1024.0  # the third clean step grows it
+    step.load_state_dict({"scale": 8.0, "growth_tracker": 0, "skipped_steps": 1})  # plain numbers too
+    assert step.scale == 8.0 and step.skipped_steps == 1
+
+
 def test_scheduler_steps_without_warning_and_param_groups_keep_their_hyper_parameters():
     eager, captured = _mlp(), _mlp()
 
