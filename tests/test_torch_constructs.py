@@ -335,6 +335,20 @@ def test_forward_hooks_of_the_model_are_warned_about_and_the_compiled_modules_fi
     assert torch.allclose(out, model.down.bias.expand_as(out), atol=1e-3)  # the pre-hook's zeros are in the graph
 
 
+
+def test_planned_under_inference_mode_then_loaded_outside_it():
+    """A serving process's first call under ``torch.inference_mode()`` made the folded FP16 copies
+    inference tensors: a later ``load_state_dict`` made the next call fail recasting them."""
+    model, x = _seeded(lambda: Block(64)).eval(), torch.randn(8, 64)
+    compiled = amp_compiler.compile(model, target=TARGET, planner="greedy")
+    with torch.inference_mode():
+        compiled(x)
+    assert _fp16_gemms(compiled.report)
+    model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        assert rel_error(model(x), compiled(x)) < 1e-2
+
+
 def test_several_outputs_and_keyword_arguments():
     class Heads(nn.Module):
         def __init__(self):
