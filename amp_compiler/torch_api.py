@@ -430,7 +430,6 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
     warn_if_recurrent(model, "compile")
-    warn_if_hooked(model, "compile")
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=False, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
@@ -472,12 +471,14 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     ``()``; one ``ConversionError`` when neither captures it."""
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        return route, route.first(args, kwargs), ()
+        plan = route.first(args, kwargs)
     except ConversionError as export_error:
         if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
             raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
-        route = _DynamoRoute(model, opts, source, max_plans)
+        route = _DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
         return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)
+    warn_if_hooked(model, "compile", stacklevel=4)  # export ran them once, into the graph
+    return route, plan, ()
 
 
 class _FirstCall:

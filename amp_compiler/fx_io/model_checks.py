@@ -5,9 +5,10 @@
 * ``warn_if_low_precision``: a model whose floating parameters the user already moved to float16 or
   bfloat16 (``model.half()``) is planned from those, so nothing the plan keeps "FP32" has FP32
   weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``;
-* ``warn_if_hooked``: forward hooks and pre-hooks run while the model is captured, so what they
-  compute is in the graph, but not at each call: their side effects (collecting activations,
-  logging, counting) would stop silently; the warning names the modules;
+* ``warn_if_hooked``: forward hooks and pre-hooks run while torch.export or make_fx captures the
+  model (dynamo replays their side effects), so what they return is in the graph, but they are not
+  called at each call: their side effects (collecting activations, logging) would stop silently;
+  the warning names the modules;
 * ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
   time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
