@@ -32,7 +32,6 @@ the plan the last call used.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import inspect
@@ -45,8 +44,8 @@ from torch.utils import _pytree as pytree
 
 from cost_model.runtime import default_runtime
 
-from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
+from .dynamo_route import DynamoRoute
 from .errors import ConversionError
 from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
@@ -56,13 +55,13 @@ from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.model_checks import bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
-                          finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
+                          finite_peak, largest_sizes, leaf_shapes, varying_dims)
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
 
 BACKENDS = (None, "inductor")
-EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
+EXPORT = "torch.export"
 
 
 class _ExportRoute:
@@ -79,7 +78,7 @@ class _ExportRoute:
     def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, limit: int) -> None:
         self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
         self.cache = PlanCache(limit)
-        self._dynamo: _DynamoRoute | None = None  # made on the first call export refuses
+        self._dynamo: DynamoRoute | None = None  # made on the first call export refuses
         self._refused: set = set()  # ``call_structure`` of the calls export refused
         self._seen: dict[Hashable, list[tuple]] = {}  # by family: the leaf shapes of the calls planned
         self._static_only: set = set()  # families whose automatic symbolic capture failed
@@ -109,7 +108,7 @@ class _ExportRoute:
                     raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
                 self._refused.add(call_structure(args, kwargs))
                 if self._dynamo is None:
-                    self._dynamo = _DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
+                    self._dynamo = DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
                 return self._dynamo.call(args, kwargs)
         return plan, plan.run(*args, **kwargs)
 
@@ -175,51 +174,6 @@ class _ExportRoute:
         symbolic = bool(imp.dim_values) and self.dynamic_shapes is None  # automatic: taken by its guards
         return Plan(run, report, describe_key(args, kwargs), gm,
                     accepts=functools.partial(accepts, gm) if symbolic else None, family=family)
-
-
-class _DynamoRoute:
-    """``torch.compile`` with the amp_compiler backend and dynamo's default shapes
-    (``dynamic=None``): a call's first shapes get a static graph, and a dim seen at a second
-    size a symbolic one, sized by that call, which later sizes reuse (a decode loop's growing
-    cache shares one plan). Dynamo picks the graphs each call runs; the backend's ``on_run``
-    tells the route which, so the plan a call used is the set of graphs that ran."""
-
-    name = DYNAMO
-
-    def __init__(self, model: torch.nn.Module, opts: dict, source: str, limit: int) -> None:
-        self.model, self.source = model, source
-        self.cache = PlanCache(limit)
-        self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
-        options = {**opts, "on_run": lambda report: self._ran.append(report)}
-        self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
-                                      dynamic=None)
-
-    @property
-    def plans(self) -> list[Plan]:
-        return list(self.cache.plans.values())
-
-    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
-        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
-        cache = self.cache
-        at_limit = len(cache.plans) >= cache.limit
-        self._ran = []
-        stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
-        # dynamo's own recompile limit is per code object, shared with every model of the class: ours is max_plans
-        with torch._dynamo.config.patch(recompile_limit=1 << 20), stance:
-            out = self.compiled(*args, **kwargs)
-        key = tuple(id(report) for report in self._ran)
-        plan = cache.get(key)
-        if plan is None:
-            if at_limit:
-                warnings.warn(f"amp_compiler: {self.source} holds max_plans={cache.limit} plans; a call with shapes "
-                              f"{describe_key(args, kwargs)} ran {'partly ' if self._ran else ''}on the FP32 model "
-                              f"(raise max_plans)", stacklevel=5)
-            report = merge_reports(self._ran, self.source, self.name) if self._ran else None
-            plan = Plan(self.compiled, report, describe_key(args, kwargs))
-            if self._ran and not at_limit:
-                cache.put(key, plan)
-        return plan, out
 
 
 def _context(opts: dict):
@@ -475,7 +429,7 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     except ConversionError as export_error:
         if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
             raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
-        route = _DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
+        route = DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
         return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)
     warn_if_hooked(model, "compile", stacklevel=4)  # export ran them once, into the graph
     return route, plan, ()
