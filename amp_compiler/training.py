@@ -168,8 +168,9 @@ class TrainStep:
             raise ValueError("compile_training: which parameters require grad changed between micro-batches "
                              "of one accumulation; change it after an update")
         old = self.setup
-        self.setup = _setup(old.ddp or old.model, old.loss_fn, old.optimizer, old.config, old.n_targets,
-                            old.accumulation_steps, old.max_grad_norm, old.keep_grads, old.max_grad_value)
+        model = old.ddp if old.ddp is not None else old.model
+        self.setup = _setup(model, old.loss_fn, old.optimizer, old.config, old.n_targets, old.accumulation_steps,
+                            old.max_grad_norm, old.keep_grads, old.max_grad_value)
         self._captures.clear()
         self._taken.clear()
         warnings.warn(f"compile_training: the parameters that require grad changed ({len(self.setup.trainable)} "
