@@ -14,7 +14,8 @@ naming the module and the construct, and what to try next.
 
 The module returned, an ``AmpModule``, shares the model's parameters, buffers and
 submodules (its ``state_dict`` is the model's), keeps the forward's signature and output
-dtypes, and plans per call shape. On both routes a dim seen at a second size gets one
+dtypes, and plans per call shape and per train/eval mode (the model's, at each call; with
+gradients kept, per set of parameters that require grad). On both routes a dim seen at a second size gets one
 symbolic plan that later sizes share, as ``torch.compile`` does by default: on the export
 route the call is captured again with those dims ``Dim.AUTO`` and the plan takes every call
 its guards accept; a call no plan takes (other dtypes or non-tensor arguments, a dim the model
@@ -367,7 +368,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``
     (default: ``model.training``) keeps the weight casts in the graph so gradients reach the
-    FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
+    FP32 parameters; otherwise FP16 weights are folded once. The module follows the model's
+    train/eval mode (``amp_model.eval()``), each mode planned on its first call. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
     remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
     ``convert_onnx``. ``deploy`` names the runtime profile the cost model prices (default:
