@@ -52,6 +52,7 @@ class TrainStep:
         self.model, self.optimizer, self.config = setup.model, setup.optimizer, setup.config
         self._spec = [(t.dim(), t.dtype) for t in example_batch]
         self._params = dict(self.model.named_parameters())
+        self._dtypes = {n: p.dtype for n, p in self._params.items()}
         self._buffers = dict(self.model.named_buffers())
         self._device = next(iter(self._params.values())).device if self._params else None
         self._scale = torch.tensor(self.config.init_scale, dtype=torch.float32, device=self._device)
@@ -136,6 +137,11 @@ class TrainStep:
                                  f"the example's is {dtype} with {dim} dims")
 
     def _select(self, batch: tuple) -> _Capture:
+        moved = next((n for n, p in self._params.items() if p.dtype != self._dtypes[n]), None)
+        if moved is not None:  # it had failed inside the graph ('mat1 and mat2 must have the same dtype')
+            raise ValueError(f"compile_training: parameter {moved} is {self._params[moved].dtype} now, "
+                             f"{self._dtypes[moved]} when compiled (model.half() after compile_training?): the step "
+                             f"keeps FP32 master weights and runs FP16 where it pays; call model.float()")
         if tuple(n for n, p in self._params.items() if p.requires_grad) != self.setup.trainable_order:
             self._follow_trainable()
         n_acc = self.setup.accumulation_steps

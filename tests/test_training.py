@@ -275,6 +275,21 @@ def test_a_model_moved_to_half_precision_before_compiling_is_warned_about():
         compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x.half(), y))
 
 
+
+def test_a_model_moved_to_half_precision_after_compiling_is_a_clear_error():
+    """``model.half()`` after compile_training had failed inside the graph ('mat1 and mat2 must have the
+    same dtype') or in the optimizer's trace; now one line names the parameter and ``model.float()``."""
+    model = _mlp()
+    step = _fp32_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    step(*_batch())
+    model.half()
+    with pytest.raises(ValueError, match=r"parameter 0.weight is torch.float16 now, torch.float32 when compiled.*"
+                                         r"model.float\(\)"):
+        step(*_batch())
+    model.float()
+    step(*_batch())  # back to FP32: the captures run again
+
+
 def test_non_scalar_loss_is_a_clear_error_before_any_state_changes():
     model = _mlp()
     before = [p.detach().clone() for p in model.parameters()]
