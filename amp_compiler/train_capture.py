@@ -225,8 +225,5 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp, result)
-    # torch.save(step): unpickling re-traces gm with its tracer class; make_fx's cannot read the folded copies'
-    # dotted get_attr targets ('_amp_folded.x'), fx's own can
-    gm._tracer_cls = None
     report = build_report(result)  # after emission: counts the casts the emitter added
     return report, {op: node.name for op, node in imp.nodes.items()}, folded

@@ -265,6 +265,12 @@ class TrainStep:
         return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2]]} for k in self._captures]
 
     # -- state ------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """``torch.save(step)``: model, optimizer, scaler state and options, not the captures (graphs and
+        shape-guard closures of this process, which had failed to pickle): the loaded step captures again."""
+        return {**self.__dict__, "_captures": {}, "_taken": {}, "report": None, "graph_module": None,
+                "report_nodes": {}}
+
     @property
     def scale(self) -> float:
         """The current loss scale (reading it synchronises; the step itself never does)."""
