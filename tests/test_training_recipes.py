@@ -86,7 +86,7 @@ def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
 
 
 
-@pytest.mark.filterwarnings("ignore:compile_training: capturing", "ignore:compile_training: the plan runs")
+@pytest.mark.filterwarnings("ignore:compile_training. capturing", "ignore:compile_training. the plan runs")
 def test_a_step_survives_torch_save_and_continues_identically():
     """``torch.save`` of the whole step (model, optimizer and scaler with it): with a frozen layer folded
     FP16 it had failed to load ('_CodeOnlyModule' has no attribute '_amp_folded...'), and after a symbolic
@@ -109,7 +109,7 @@ def test_a_step_survives_torch_save_and_continues_identically():
     _close(model, loaded.model, rtol=0, atol=0)
 
 
-@pytest.mark.filterwarnings("ignore:compile_training: capturing", "ignore:compile_training: the plan runs")
+@pytest.mark.filterwarnings("ignore:compile_training. capturing", "ignore:compile_training. the plan runs")
 def test_unfreezing_a_layer_mid_training_captures_again_and_trains_it():
     """A backbone unfrozen at epoch 2 (its parameters in the optimizer from the start, as users do):
     the step notices, captures again with the scale and optimizer state kept, and trains it as eager
