@@ -14,7 +14,8 @@ naming the module and the construct, and what to try next.
 
 The module returned, an ``AmpModule``, shares the model's parameters, buffers and
 submodules (its ``state_dict`` is the model's), keeps the forward's signature and output
-dtypes, and plans per call shape. On both routes a dim seen at a second size gets one
+dtypes, and plans per call shape and per train/eval mode (the model's, at each call; with
+gradients kept, per set of parameters that require grad). On both routes a dim seen at a second size gets one
 symbolic plan that later sizes share, as ``torch.compile`` does by default: on the export
 route the call is captured again with those dims ``Dim.AUTO`` and the plan takes every call
 its guards accept; a call no plan takes (other dtypes or non-tensor arguments, a dim the model
@@ -32,7 +33,6 @@ the plan the last call used.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import inspect
@@ -45,8 +45,8 @@ from torch.utils import _pytree as pytree
 
 from cost_model.runtime import default_runtime
 
-from .backend import amp_compiler_backend
 from .dtypes import normalize_low_dtype
+from .dynamo_route import DynamoRoute
 from .errors import ConversionError
 from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
@@ -54,15 +54,15 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
 from .fx_io.capture_failure import dynamo_or_raise
-from .fx_io.model_checks import bind_error, signature, warn_if_low_precision, warn_if_recurrent
+from .fx_io.model_checks import bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
-                          finite_peak, largest_sizes, leaf_shapes, merge_reports, varying_dims)
+                          finite_peak, largest_sizes, leaf_shapes, varying_dims)
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
 
 BACKENDS = (None, "inductor")
-EXPORT, DYNAMO = "torch.export", "torch.compile (dynamo, graph breaks allowed)"
+EXPORT = "torch.export"
 
 
 class _ExportRoute:
@@ -79,7 +79,7 @@ class _ExportRoute:
     def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, limit: int) -> None:
         self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
         self.cache = PlanCache(limit)
-        self._dynamo: _DynamoRoute | None = None  # made on the first call export refuses
+        self._dynamo: DynamoRoute | None = None  # made on the first call export refuses
         self._refused: set = set()  # ``call_structure`` of the calls export refused
         self._seen: dict[Hashable, list[tuple]] = {}  # by family: the leaf shapes of the calls planned
         self._static_only: set = set()  # families whose automatic symbolic capture failed
@@ -109,7 +109,7 @@ class _ExportRoute:
                     raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
                 self._refused.add(call_structure(args, kwargs))
                 if self._dynamo is None:
-                    self._dynamo = _DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
+                    self._dynamo = DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
                 return self._dynamo.call(args, kwargs)
         return plan, plan.run(*args, **kwargs)
 
@@ -177,51 +177,6 @@ class _ExportRoute:
                     accepts=functools.partial(accepts, gm) if symbolic else None, family=family)
 
 
-class _DynamoRoute:
-    """``torch.compile`` with the amp_compiler backend and dynamo's default shapes
-    (``dynamic=None``): a call's first shapes get a static graph, and a dim seen at a second
-    size a symbolic one, sized by that call, which later sizes reuse (a decode loop's growing
-    cache shares one plan). Dynamo picks the graphs each call runs; the backend's ``on_run``
-    tells the route which, so the plan a call used is the set of graphs that ran."""
-
-    name = DYNAMO
-
-    def __init__(self, model: torch.nn.Module, opts: dict, source: str, limit: int) -> None:
-        self.model, self.source = model, source
-        self.cache = PlanCache(limit)
-        self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
-        options = {**opts, "on_run": lambda report: self._ran.append(report)}
-        self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
-                                      dynamic=None)
-
-    @property
-    def plans(self) -> list[Plan]:
-        return list(self.cache.plans.values())
-
-    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
-        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
-        cache = self.cache
-        at_limit = len(cache.plans) >= cache.limit
-        self._ran = []
-        stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
-        # dynamo's own recompile limit is per code object, shared with every model of the class: ours is max_plans
-        with torch._dynamo.config.patch(recompile_limit=1 << 20), stance:
-            out = self.compiled(*args, **kwargs)
-        key = tuple(id(report) for report in self._ran)
-        plan = cache.get(key)
-        if plan is None:
-            if at_limit:
-                warnings.warn(f"amp_compiler: {self.source} holds max_plans={cache.limit} plans; a call with shapes "
-                              f"{describe_key(args, kwargs)} ran {'partly ' if self._ran else ''}on the FP32 model "
-                              f"(raise max_plans)", stacklevel=5)
-            report = merge_reports(self._ran, self.source, self.name) if self._ran else None
-            plan = Plan(self.compiled, report, describe_key(args, kwargs))
-            if self._ran and not at_limit:
-                cache.put(key, plan)
-        return plan, out
-
-
 def _context(opts: dict):
     """The plan context of ``compile``'s options (the same keys the torch.compile backend takes):
     ``deploy`` names the runtime profile; by default inductor's when it runs the graph, else eager."""
@@ -242,24 +197,33 @@ def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, flo
 class AmpModule(torch.nn.Module):
     """The mixed-precision module ``compile`` returns: the model's weights, planned per call shape."""
 
-    def __init__(self, model: torch.nn.Module, route, training: bool, source: str, options: dict) -> None:
+    def __init__(self, model: torch.nn.Module, route, source: str, options: dict,
+                 route_for: Callable[[bool], Any], recompile: dict) -> None:
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
-        self.training = training
+        self.training = model.training
         # options: compile's keywords, for the submodules generate calls apart (an encoder)
         self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None,
-                             _recompile={})  # compile's other keywords (training, dynamic_shapes), for deepcopy
+                             _recompile=recompile)  # compile's other keywords (training, dynamic_shapes), for deepcopy
+        # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
+        # others are made (planned on their first call) by route_for
+        self.__dict__.update(_routes={}, _route_for=route_for)
+        self.__dict__["_mode"] = self._route_key()
 
     @property
     def capture(self) -> str:
         """Which route captured the model: ``"torch.export"`` or dynamo's."""
         return self._route.name
 
+    def _all_plans(self) -> list[Plan]:
+        """The plans of both modes' routes, the current mode's last."""
+        return [p for route in (*self._routes.values(), self._route) for p in route.plans]
+
     @property
     def plans(self) -> int:
-        """How many plans (call shapes) this module holds now."""
-        return len(self._route.plans)
+        """How many plans (call shapes, in either train/eval mode) this module holds now."""
+        return len(self._all_plans())
 
     @property
     def report(self) -> Report | None:
@@ -269,9 +233,10 @@ class AmpModule(torch.nn.Module):
     @property
     def reports(self) -> list[tuple[str, Report | None]]:
         """``(call shapes, report)`` of each plan held, least recently used first."""
-        return [(p.shapes, p.report) for p in self._route.plans]
+        return [(p.shapes, p.report) for p in self._all_plans()]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._follow_mode()
         plan, out = self._route.call(args, kwargs)
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
@@ -328,19 +293,40 @@ class AmpModule(torch.nn.Module):
             return value
 
     def train(self, mode: bool = True) -> "AmpModule":
-        if bool(mode) != self.training:
-            have, want = ("train", "eval") if self.training else ("eval", "train")
-            raise RuntimeError(
-                f"amp_compiler: {self._source} was compiled in {have} mode; the captured graph is specialised "
-                f"to it (dropout, batch-norm statistics), so it cannot switch to {want} mode. "
-                f"Compile model.{want}() separately.")
+        """Sets the model's mode (``model.train(mode)``); the next call runs that mode's plans."""
+        self._route.model.train(mode)
+        self.training = bool(mode)
         return self
+
+    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None]:
+        """The model's mode and, where its plans keep gradients, which parameters require them (a
+        frozen one is folded into an FP16 constant: unfrozen, it would get no gradient)."""
+        model, training = self._route.model, self._recompile.get("training")
+        keeps = model.training if training is None else training
+        return model.training, tuple(p.requires_grad for p in model.parameters()) if keeps else None
+
+    def _follow_mode(self) -> None:
+        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own) and
+        trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
+        the frozen parameters folded, so each has its route, planned on its first call
+        (docs/architecture.md, "Capture routes and shapes")."""
+        key = self._route_key()
+        if key == self._mode:
+            return
+        self._routes[self._mode] = self._route
+        route = self._routes.pop(key, None) or self._route_for(key[0])
+        self.__dict__.update(_route=route, _mode=key)
+        self.training = key[0]
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
-        for plan in self._route.plans:
+        for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
+        # amp_model.half(): the ops the plans keep FP32 would run on FP16 weights, unsaid
+        warn_if_low_precision(self._route.model, "AmpModule", stacklevel=4,
+                              fix="the plans already run in mixed precision; keep the module float32 "
+                                  "(amp_model.float())")
         return self
 
     def extra_repr(self) -> str:
@@ -353,7 +339,7 @@ class AmpModule(torch.nn.Module):
 
     def __copy__(self) -> "AmpModule":
         new = AmpModule.__new__(AmpModule)  # shares model and plans, as copy.copy did before __reduce_ex__
-        new.__dict__.update(self.__dict__)
+        new.__dict__.update(self.__dict__, _routes=dict(self._routes))  # the other mode's route: its own slot
         return new
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -382,7 +368,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``
     (default: ``model.training``) keeps the weight casts in the graph so gradients reach the
-    FP32 parameters; otherwise FP16 weights are folded once. ``keep_io_types`` keeps the
+    FP32 parameters; otherwise FP16 weights are folded once. The module follows the model's
+    train/eval mode (``amp_model.eval()``), each mode planned on its first call. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
     remaining casts fuse into neighbouring kernels. ``deny_propagation`` as for
     ``convert_onnx``. ``deploy`` names the runtime profile the cost model prices (default:
@@ -399,9 +386,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
     warn_if_recurrent(model, "compile")
-    training = model.training if training is None else bool(training)
     opts = dict(target=target, dtype=low, planner=planner, keep_io_types=keep_io_types, allow=tuple(allow),
-                deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=training, default_dim=default_dim,
+                deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=False, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
                 deploy=deploy, objective=objective)
     _context(opts)  # bad options fail before any capture
@@ -409,21 +395,28 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
     options = {**{k: v for k, v in opts.items() if k != "training"}, "max_plans": max_plans}
-    capture = functools.partial(_capture, model, opts, source, dynamic_shapes, max_plans, training)
+    recompile = dict(training=training, dynamic_shapes=dynamic_shapes)
+
+    def capture_in(mode: bool) -> Callable[[tuple, dict], tuple[Any, Plan, tuple]]:
+        """The capture of the model in train/eval ``mode``: gradients kept by default in train mode."""
+        keep = mode if training is None else bool(training)
+        return functools.partial(_capture, model, {**opts, "training": keep}, source, dynamic_shapes, max_plans, keep)
+
+    def route_for(mode: bool) -> _FirstCall:
+        return _FirstCall(model, capture_in(mode))
+
     # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
     # as a transformers model's have: an empty call is not what the model is called with)
     if not args and not kwargs:
-        amp = AmpModule(model, _FirstCall(model, capture), model.training, source, options)
-        amp.__dict__["_recompile"] = dict(training=training, dynamic_shapes=dynamic_shapes)
-        return amp
+        return AmpModule(model, route_for(model.training), source, options, route_for, recompile)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
                         f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
-    route, plan, _ = capture(args, kwargs)
-    amp = AmpModule(model, route, model.training, source, options)
-    amp.__dict__.update(_last=plan, _recompile=dict(training=training, dynamic_shapes=dynamic_shapes))
+    route, plan, _ = capture_in(model.training)(args, kwargs)
+    amp = AmpModule(model, route, source, options, route_for, recompile)
+    amp.__dict__["_last"] = plan
     return amp
 
 
@@ -434,12 +427,14 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     ``()``; one ``ConversionError`` when neither captures it."""
     route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
-        return route, route.first(args, kwargs), ()
+        plan = route.first(args, kwargs)
     except ConversionError as export_error:
         if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
             raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
-        route = _DynamoRoute(model, opts, source, max_plans)
+        route = DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
         return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)
+    warn_if_hooked(model, "compile", stacklevel=4)  # export ran them once, into the graph
+    return route, plan, ()
 
 
 class _FirstCall:

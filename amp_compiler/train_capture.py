@@ -199,7 +199,9 @@ def _state_names(layout: fopt.StateLayout) -> list[tuple[int, str]]:
 def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_options: dict[str, Any],
                  size_hints: Mapping[str, int] | None = None):
     """Import the traced step into the IR, run the shared passes, rewrite ``gm`` in place; a symbolic
-    step's dims are sized by ``size_hints`` (symbol -> size)."""
+    step's dims are sized by ``size_hints`` (symbol -> size). Returns the report, the IR op -> node
+    names and the FP16 copies of frozen parameters the graph reads (``FoldedWeights``: refresh them
+    from the step's inputs before each run)."""
     from .dtypes import normalize_low_dtype
     from .fx_io.emitter import emit
     from .fx_io.importer import WeightSpec, import_graph_module
@@ -222,6 +224,6 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     deny_nodes = set(opts.pop("deny_nodes", ())) | {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
     ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
-    emit(imp, result)
+    folded = emit(imp, result)
     report = build_report(result)  # after emission: counts the casts the emitter added
-    return report, {op: node.name for op, node in imp.nodes.items()}
+    return report, {op: node.name for op, node in imp.nodes.items()}, folded

@@ -22,7 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
-from .fx_io.model_checks import warn_if_low_precision
+from .fx_io.model_checks import warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
@@ -52,6 +52,7 @@ class TrainStep:
         self.model, self.optimizer, self.config = setup.model, setup.optimizer, setup.config
         self._spec = [(t.dim(), t.dtype) for t in example_batch]
         self._params = dict(self.model.named_parameters())
+        self._dtypes = {n: p.dtype for n, p in self._params.items()}
         self._buffers = dict(self.model.named_buffers())
         self._device = next(iter(self._params.values())).device if self._params else None
         self._scale = torch.tensor(self.config.init_scale, dtype=torch.float32, device=self._device)
@@ -136,6 +137,13 @@ class TrainStep:
                                  f"the example's is {dtype} with {dim} dims")
 
     def _select(self, batch: tuple) -> _Capture:
+        moved = next((n for n, p in self._params.items() if p.dtype != self._dtypes[n]), None)
+        if moved is not None:  # it had failed inside the graph ('mat1 and mat2 must have the same dtype')
+            raise ValueError(f"compile_training: parameter {moved} is {self._params[moved].dtype} now, "
+                             f"{self._dtypes[moved]} when compiled (model.half() after compile_training?): the step "
+                             f"keeps FP32 master weights and runs FP16 where it pays; call model.float()")
+        if tuple(n for n, p in self._params.items() if p.requires_grad) != self.setup.trainable_order:
+            self._follow_trainable()
         n_acc = self.setup.accumulation_steps
         update = self._micro + 1 >= n_acc
         has_acc = self._micro > 0
@@ -159,10 +167,22 @@ class TrainStep:
                 return cap
         return None
 
+    def _follow_trainable(self) -> None:
+        """Parameters were frozen or unfrozen (a backbone unfrozen at epoch 2): the step's inputs change,
+        so the captures are dropped and the next call captures again; scale and optimizer state stay."""
+        if self._micro:
+            raise ValueError("compile_training: which parameters require grad changed between micro-batches "
+                             "of one accumulation; change it after an update")
+        old = self.setup
+        model = old.ddp if old.ddp is not None else old.model
+        self.setup = _setup(model, old.loss_fn, old.optimizer, old.config, old.n_targets, old.accumulation_steps,
+                            old.max_grad_norm, old.keep_grads, old.max_grad_value)
+        self._captures.clear()
+        self._taken.clear()
+        warnings.warn(f"compile_training: the parameters that require grad changed ({len(self.setup.trainable)} "
+                      f"trainable, {len(self.setup.frozen)} frozen now): the step is captured again", stacklevel=4)
+
     def _capture(self, key: tuple, variant: Variant, states, batch) -> _Capture:
-        if key[-1] != tuple(self.setup.trainable_order):
-            raise ValueError("compile_training: which parameters require grad changed since compiling; "
-                             "compile the step again")
         if len(self._captures) >= self.max_captures:
             raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
@@ -195,10 +215,12 @@ class TrainStep:
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
         hints = largest_sizes(traced.symbols, (*seen, shapes))
-        report, nodes = plan_variant(self.setup, gm, variant, self.plan_options, hints)
+        report, nodes, folded = plan_variant(self.setup, gm, variant, self.plan_options, hints)
         runner = gm
         if self.backend == "inductor":
             runner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(traced.symbols) or None)
+        if folded.entries:
+            runner = _Refreshing(runner, gm, folded)
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
         self._warn_if_fp32(report)
         return cap
@@ -243,6 +265,12 @@ class TrainStep:
         return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2]]} for k in self._captures]
 
     # -- state ------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """``torch.save(step)``: model, optimizer, scaler state and options, not the captures (graphs and
+        shape-guard closures of this process, which had failed to pickle): the loaded step captures again."""
+        return {**self.__dict__, "_captures": {}, "_taken": {}, "report": None, "graph_module": None,
+                "report_nodes": {}}
+
     @property
     def scale(self) -> float:
         """The current loss scale (reading it synchronises; the step itself never does)."""
@@ -264,12 +292,31 @@ class TrainStep:
                 "skipped_steps": self._skipped.clone(), "loss_scale": self.config.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load ``state_dict()``'s, or a ``torch.amp.GradScaler``'s (an eager autocast run resumed here:
+        its ``_growth_tracker``, no skip count); onto this step's device (a checkpoint mapped to the CPU)."""
+        if "_growth_tracker" in state and "growth_tracker" not in state:  # GradScaler.state_dict()
+            state = {"skipped_steps": 0, **state, "growth_tracker": state["_growth_tracker"]}
         missing = {"scale", "growth_tracker", "skipped_steps"} - set(state)
         if missing:
-            raise KeyError(f"state_dict lacks {sorted(missing)}")
-        self._scale = state["scale"].clone()
-        self._tracker = state["growth_tracker"].clone()
-        self._skipped = state["skipped_steps"].clone()
+            raise KeyError(f"compile_training: the scaler state_dict lacks {sorted(missing)}")
+        self._scale, self._tracker, self._skipped = (
+            torch.as_tensor(state[k]).to(like.device, like.dtype, copy=True)
+            for k, like in (("scale", self._scale), ("growth_tracker", self._tracker), ("skipped_steps", self._skipped)))
+
+
+@dataclass
+class _Refreshing:
+    """``runner`` recasting first the FP16 copies of frozen parameters whose FP32 input changed (a
+    ``load_state_dict`` when resuming: the copies made at capture had trained on stale weights); a
+    class, not a closure, so ``torch.save(step)`` pickles it."""
+
+    runner: Callable
+    gm: torch.fx.GraphModule
+    folded: Any
+
+    def __call__(self, *flat: torch.Tensor):
+        self.folded.refresh(self.gm, flat)
+        return self.runner(*flat)
 
 
 def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
@@ -341,6 +388,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
                    max_grad_value)
     warn_if_low_precision(setup.model, "compile_training")
+    warn_if_hooked(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
                         deny_propagation=deny_propagation)
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -241,3 +241,30 @@ def test_a_recompile_that_makes_a_float_attribute_an_input_still_plans():
         with torch.no_grad():
             out = torch.compile(model, backend="amp_compiler", options={"planner": "all"})(x)
             assert rel_error(model(x), out) < 1e-2
+
+
+def test_a_padded_integer_input_stays_symbolic_after_the_second_size():
+    """transformers' causal-LM loss pads the labels (``F.pad(labels, (0, 1), value=-100)``): the emitter's
+    fake-tensor check ran ``constant_pad_nd``'s C++ meta kernel, which read the symbolic sizes as ints and
+    specialised them, so dynamo recompiled, and the backend planned again, at every batch size."""
+    from torch._dynamo.utils import counters
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(32, 16)
+
+        def forward(self, x, labels):
+            labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+            return torch.nn.functional.cross_entropy(self.head(x).flatten(0, 1), labels.reshape(-1))
+
+    torch.manual_seed(0)
+    model = Loss()
+    compiled = torch.compile(model, backend="amp_compiler", options={"target": CI_TARGET})
+    for batch in (4, 3):
+        compiled(torch.randn(batch, 8, 32), torch.randint(0, 16, (batch, 8)))
+    counters.clear()
+    for batch in (5, 2, 6):
+        x, labels = torch.randn(batch, 8, 32), torch.randint(0, 16, (batch, 8))
+        torch.testing.assert_close(compiled(x, labels), model(x, labels), rtol=1e-2, atol=1e-2)
+    assert counters["stats"]["unique_graphs"] == 0  # the symbolic graph takes the three new sizes

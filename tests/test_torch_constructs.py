@@ -261,9 +261,92 @@ def test_batchnorm_buffers_update_in_train_mode_and_gradients_reach_fp32_weights
         assert rel_error(p.grad, q.grad) < 5e-2  # FP16 backward through the conv: ~2e-2 here
     # training graph: the weight casts stay run-time ops, so gradients flow through them
     assert any(c["tensor"] == "conv.weight" for c in compiled.report.casts)
-    with pytest.raises(RuntimeError, match="compiled in train mode.*Compile model.eval\\(\\) separately"):
-        compiled.eval()
-    compiled.train()  # the captured mode is fine
+
+
+class _DropBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.bn, self.drop, self.down = nn.Linear(64, 128), nn.BatchNorm1d(128), nn.Dropout(0.5), nn.Linear(128, 8)
+
+    def forward(self, x):
+        return self.down(self.drop(torch.relu(self.bn(self.up(x)))))
+
+
+def test_the_compiled_module_follows_train_and_eval_mode():
+    """Evaluation after training on one AmpModule: ``am.eval()`` (it had raised) and the model's own
+    ``model.train()``/``eval()`` (the captured mode had run silently: dropout and statistic updates at
+    evaluation) each run that mode's plan, the other mode's captured on its first call."""
+    model, x = _seeded(_DropBN).train(), torch.randn(32, 64)
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy")
+    compiled(x).sum().backward()  # train mode: statistics move, gradients reach the FP32 weights
+    assert model.bn.num_batches_tracked.item() == 1 and model.up.weight.grad is not None
+    compiled.eval()
+    assert not model.training and not model.bn.training
+    stats = model.bn.running_mean.clone()
+    with torch.inference_mode():
+        out, again = compiled(x), compiled(x)
+        expected = model(x)
+    assert torch.equal(out, again)  # no dropout
+    assert torch.equal(model.bn.running_mean, stats) and model.bn.num_batches_tracked.item() == 1
+    assert rel_error(expected, out) < 1e-2
+    assert compiled.plans == 2
+    model.train()  # the model's own switch is followed too
+    first, second = compiled(x), compiled(x)
+    assert not torch.equal(first, second) and model.bn.num_batches_tracked.item() == 3 and compiled.training
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), compiled(x)) and compiled.plans == 2  # the eval plan, reused
+
+
+
+def test_a_parameter_unfrozen_after_compiling_gets_its_gradient():
+    """A train-mode plan folds a frozen layer's weights into an FP16 constant; unfreezing the layer
+    (``requires_grad_(True)`` at epoch 2) plans again, so its gradient reaches it (it had stayed None)."""
+    model, x = _seeded(_DropBN).eval(), torch.randn(32, 64)
+    model.up.requires_grad_(False)
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy", training=True)
+    compiled(x).sum().backward()
+    assert model.up.weight.grad is None and model.down.weight.grad is not None
+    model.up.requires_grad_(True)
+    compiled(x).sum().backward()
+    model.zero_grad()
+    model(x).sum().backward()
+    expected = model.up.weight.grad.clone()
+    model.zero_grad()
+    compiled(x).sum().backward()
+    assert rel_error(expected, model.up.weight.grad) < 5e-2 and compiled.plans == 2
+
+
+
+def test_forward_hooks_of_the_model_are_warned_about_and_the_compiled_modules_fire():
+    """A hook on the model runs at capture only (its return value is in the graph): the user is told,
+    naming the module (its side effects had stopped silently); one on the compiled module fires."""
+    model, x = _seeded(_DropBN).eval(), torch.randn(32, 64)
+    seen = []
+    model.bn.register_forward_hook(lambda module, args, out: seen.append("bn"))
+    model.down.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    with pytest.warns(UserWarning, match=r"forward hooks of bn and 1 more modules run only while the model is "
+                                         r"captured"):
+        compiled = amp_compiler.compile(model, x, target=TARGET)
+    compiled.register_forward_hook(lambda module, args, out: seen.append("compiled"))
+    seen.clear()
+    out = compiled(x)
+    assert seen == ["compiled"]
+    assert torch.allclose(out, model.down.bias.expand_as(out), atol=1e-3)  # the pre-hook's zeros are in the graph
+
+
+
+def test_planned_under_inference_mode_then_loaded_outside_it():
+    """A serving process's first call under ``torch.inference_mode()`` made the folded FP16 copies
+    inference tensors: a later ``load_state_dict`` made the next call fail recasting them."""
+    model, x = _seeded(lambda: Block(64)).eval(), torch.randn(8, 64)
+    compiled = amp_compiler.compile(model, target=TARGET, planner="greedy")
+    with torch.inference_mode():
+        compiled(x)
+    assert _fp16_gemms(compiled.report)
+    model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        assert rel_error(model(x), compiled(x)) < 1e-2
 
 
 def test_several_outputs_and_keyword_arguments():
@@ -446,6 +529,23 @@ def test_a_model_moved_to_half_precision_before_compiling_is_warned_about(dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an FP32 model: no such warning
         amp_compiler.compile(model.float(), (torch.randn(2, 64),), target=TARGET)
+
+
+
+def test_a_compiled_module_moved_to_half_precision_is_warned_about():
+    """``amp_model.half()`` after compiling ran silently: the ops the plan keeps FP32 then read FP16
+    weights. Moving it (``.to(device)``, ``.float()``) says nothing."""
+    model = _seeded(lambda: Block(64).eval())
+    compiled = amp_compiler.compile(model, (torch.randn(2, 64),), target=TARGET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled.to("cpu")
+    with pytest.warns(UserWarning, match=r"AmpModule\(Block\): 6 of 6 floating parameters are torch.float16.*"
+                                         r"keep the module float32"):
+        compiled.half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled.float()
 
 
 def test_a_recurrent_module_is_said_to_be_unrolled_per_time_step():

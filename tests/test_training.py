@@ -156,6 +156,26 @@ def test_optimizer_and_scaler_state_round_trip_resumes_identically():
     _assert_same_params(a, c, rtol=0, atol=0)
 
 
+
+def test_an_eager_grad_scalers_state_resumes_the_loss_scale():
+    """A run moved from eager autocast + GradScaler to compile_training keeps its scale and growth count
+    (GradScaler's state_dict has a float scale and '_growth_tracker': it had been a KeyError)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(model, F.cross_entropy, opt, _batch(), growth_interval=3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=3)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))  # noqa: SLF001 - as after eager steps
+    scaler._growth_tracker.fill_(2)  # noqa: SLF001
+    step.load_state_dict(scaler.state_dict())
+    assert step.scale == 512.0 and step.skipped_steps == 0
+    step(*_batch())
+    assert step.scale == 1024.0  # the third clean step grows it
+    step.load_state_dict({"scale": 8.0, "growth_tracker": 0, "skipped_steps": 1})  # plain numbers too
+    assert step.scale == 8.0 and step.skipped_steps == 1
+
+
 def test_scheduler_steps_without_warning_and_param_groups_keep_their_hyper_parameters():
     eager, captured = _mlp(), _mlp()
 
@@ -253,6 +273,21 @@ def test_a_model_moved_to_half_precision_before_compiling_is_warned_about():
     with pytest.warns(UserWarning, match=r"compile_training\(Sequential\): 4 of 4 floating parameters are "
                                          r"torch.float16.*call model.float\(\)"):
         compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x.half(), y))
+
+
+
+def test_a_model_moved_to_half_precision_after_compiling_is_a_clear_error():
+    """``model.half()`` after compile_training had failed inside the graph ('mat1 and mat2 must have the
+    same dtype') or in the optimizer's trace; now one line names the parameter and ``model.float()``."""
+    model = _mlp()
+    step = _fp32_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    step(*_batch())
+    model.half()
+    with pytest.raises(ValueError, match=r"parameter 0.weight is torch.float16 now, torch.float32 when compiled.*"
+                                         r"model.float\(\)"):
+        step(*_batch())
+    model.float()
+    step(*_batch())  # back to FP32: the captures run again
 
 
 def test_non_scalar_loss_is_a_clear_error_before_any_state_changes():

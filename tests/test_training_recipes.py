@@ -63,6 +63,77 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
     assert "2.weight" in casts and not {"0.weight", "0.bias"} & casts  # frozen: cast once when compiled, not per step
 
 
+
+def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
+    """Resuming: a fresh model compiled, then a checkpoint loaded. The frozen layer's FP16 copy made at
+    capture is recast from the loaded weights (it had stayed at the random init: a silently wrong loss)."""
+    checkpoint = _mlp(frozen_first=True)
+    with torch.no_grad():
+        for p in checkpoint.parameters():
+            p.mul_(-2.0)
+    eager, captured = _mlp(frozen_first=True), _mlp(frozen_first=True)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    x, y = _data()
+    step = _compile(captured, opt_c, (x, y), planner="greedy")  # the frozen GEMM folded FP16
+    eager.load_state_dict(checkpoint.state_dict())
+    captured.load_state_dict(checkpoint.state_dict())
+    for _ in range(2):
+        expected = F.cross_entropy(eager(x), y)
+        _eager_step(eager, opt_e, x, y)
+        torch.testing.assert_close(step(x, y), expected, rtol=1e-2, atol=1e-3)
+    _close(eager, captured, rtol=1e-2, atol=1e-3)
+
+
+
+@pytest.mark.filterwarnings("ignore:compile_training. capturing", "ignore:compile_training. the plan runs")
+def test_a_step_survives_torch_save_and_continues_identically():
+    """``torch.save`` of the whole step (model, optimizer and scaler with it): with a frozen layer folded
+    FP16 it had failed to load ('_CodeOnlyModule' has no attribute '_amp_folded...'), and after a symbolic
+    capture (batches of several sizes) to save (a local shape-guard function); captures are made again."""
+    import io
+
+    model = _mlp(frozen_first=True)
+    x, y = _data()
+    step = _compile(model, torch.optim.AdamW(model.parameters(), lr=1e-2), (x, y), planner="greedy")
+    for n in (64, 48, 40):  # the third size is traced symbolic
+        step(x[:n], y[:n])
+    assert any(c.accepts is not None for c in step._captures.values())  # noqa: SLF001
+    buffer = io.BytesIO()
+    torch.save(step, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.model is not model and loaded.scale == step.scale
+    for _ in range(2):
+        assert torch.equal(loaded(x, y), step(x, y))
+    _close(model, loaded.model, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:compile_training. capturing", "ignore:compile_training. the plan runs")
+def test_unfreezing_a_layer_mid_training_captures_again_and_trains_it():
+    """A backbone unfrozen at epoch 2 (its parameters in the optimizer from the start, as users do):
+    the step notices, captures again with the scale and optimizer state kept, and trains it as eager
+    does (it had raised 'compile the step again', whose fresh scaler restarts at 65536)."""
+    eager, captured = _mlp(frozen_first=True), _mlp(frozen_first=True)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
+    x, y = _data()
+    step = _compile(captured, opt_c, (x, y), loss_scale=1024.0)
+    step(x, y)
+    _eager_step(eager, opt_e, x, y)
+    eager[0].requires_grad_(True)
+    captured[0].requires_grad_(True)
+    before = captured[0].weight.detach().clone()
+    with pytest.warns(UserWarning, match="require grad changed.*4 trainable, 0 frozen"):
+        step(x, y)
+    _eager_step(eager, opt_e, x, y)
+    step(x, y)
+    _eager_step(eager, opt_e, x, y)
+    assert not torch.equal(captured[0].weight, before) and captured[0].weight in opt_c.state
+    assert step.scale == 1024.0
+    _close(eager, captured, rtol=1e-2, atol=1e-3)
+
+
 def _clipped_runs(clip, **step_options):
     """Three SGD steps, eager with ``clip(parameters)`` between backward and step, and captured with
     ``step_options``; yields ``(step, clip's result, eager gradients before clipping)`` after each."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -222,7 +223,10 @@ def check_dtypes(imp: FxImport, value: dict[str, fx.Node], added: list[str]) -> 
     try:
         inputs = [v if not isinstance(v, torch.Tensor) or detect_fake_mode([v]) else mode.from_tensor(v)
                   for v in vals]
-        prop.propagate_dont_convert_inputs(*inputs)
+        # the python dispatcher runs the symbolic meta kernels, as the capture did: a C++ kernel (constant_pad_nd)
+        # reads a symbolic size as an int, which specialised it in dynamo's shape env (a recompile per size)
+        with enable_python_dispatcher():
+            prop.propagate_dont_convert_inputs(*inputs)
     except Exception as exc:  # a kernel rejected the dtypes the plan gave it
         node = prop.current
         raise ConversionError(graph.name, f"op {_op_of(imp, node)}" if node else "converted graph",

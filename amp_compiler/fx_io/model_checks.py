@@ -5,6 +5,10 @@
 * ``warn_if_low_precision``: a model whose floating parameters the user already moved to float16 or
   bfloat16 (``model.half()``) is planned from those, so nothing the plan keeps "FP32" has FP32
   weights, and training keeps no FP32 master weights: the warning says to call ``model.float()``;
+* ``warn_if_hooked``: forward hooks and pre-hooks run while torch.export or make_fx captures the
+  model (dynamo replays their side effects), so what they return is in the graph, but they are not
+  called at each call: their side effects (collecting activations, logging) would stop silently;
+  the warning names the modules;
 * ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
   time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
@@ -48,8 +52,22 @@ def warn_if_recurrent(model: torch.nn.Module, entry: str, stacklevel: int = 3) -
                       f"compile the modules around it", stacklevel=stacklevel)
 
 
-def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
-    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling)."""
+def warn_if_hooked(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
+    """Warn that the forward hooks and pre-hooks of ``model``'s modules run at capture only (first named)."""
+    found = [name or "<root>" for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if found:
+        more = f" and {len(found) - 1} more modules" if len(found) > 1 else ""
+        warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): the forward hooks of {found[0]}{more} run "
+                      f"only while the model is captured: what they return is in the graph, but they are not "
+                      f"called again, so their side effects (collecting activations, logging) stop; register "
+                      f"it on the module amp_compiler.compile returns, or return what you need from forward",
+                      stacklevel=stacklevel)
+
+
+def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3,
+                          fix: str = "call model.float() before compiling") -> None:
+    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling,
+    or on the compiled module: ``fix`` says what to do)."""
     dtypes = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
     low = sum(n for dtype, n in dtypes.items() if dtype in (torch.float16, torch.bfloat16))
     if not low or low * 2 < sum(dtypes.values()):
@@ -57,8 +75,7 @@ def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 
     dtype = max((d for d in dtypes if d in (torch.float16, torch.bfloat16)), key=dtypes.__getitem__)
     warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {low} of {sum(dtypes.values())} floating "
                   f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
-                  f"FP32, training's master weights and optimizer), so these stay {dtype}: call model.float() "
-                  f"before compiling", stacklevel=stacklevel)
+                  f"FP32, training's master weights and optimizer), so these stay {dtype}: {fix}", stacklevel=stacklevel)
 
 
 def scripted_submodule(model: torch.nn.Module) -> str:

@@ -6,7 +6,7 @@ and no per-call cast). The FP32 parameter stays the master: the module keeps it,
 ``state_dict`` is unchanged (the copies are non-persistent buffers), and a copy is
 recast before the next call whenever its master changed in place (``load_state_dict``,
 an optimizer step) or moved (``.to(device)``), detected by the tensor's version counter
-and storage pointer.
+and storage pointer. Copies are normal tensors even when made under ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ def _fetch(root: nn.Module, fqn: str) -> torch.Tensor:
     return obj
 
 
+def _normal_tensors():
+    """No autograd, and not inference mode: a copy made during a first call under
+    ``torch.inference_mode()`` is an inference tensor, which a refresh outside it cannot write."""
+    return torch.inference_mode(False) if torch.is_inference_mode_enabled() else torch.no_grad()
+
+
 class FoldedWeights(nn.Module):
     """Container of the folded copies; ``refresh`` recasts the stale ones."""
 
@@ -51,7 +57,7 @@ class FoldedWeights(nn.Module):
         attr, k = base, 1
         while hasattr(self, attr):
             attr, k = f"{base}_{k}", k + 1
-        with torch.no_grad():
+        with _normal_tensors():
             self.register_buffer(attr, master.detach().to(dtype), persistent=False)
         self.entries.append(FoldedWeight(attr, fqn, index, dtype, _stamp(master)))
         return attr
@@ -65,7 +71,7 @@ class FoldedWeights(nn.Module):
             if stamp == e.stamp:
                 continue
             copy = getattr(self, e.attr)
-            with torch.no_grad():
+            with _normal_tensors():
                 if copy.device != master.device or copy.shape != master.shape:
                     self.register_buffer(e.attr, master.detach().to(e.dtype), persistent=False)
                 else:

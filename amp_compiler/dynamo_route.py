@@ -1,0 +1,66 @@
+"""The dynamo capture route of ``amp_compiler.compile`` (docs/architecture.md, "Capture routes and shapes"):
+``torch.compile`` with this package's backend, graph breaks allowed, for the models ``torch.export``
+cannot capture."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from .backend import amp_compiler_backend
+from .fx_io.plans import Plan, PlanCache, describe_key, merge_reports
+from .report import Report
+
+DYNAMO = "torch.compile (dynamo, graph breaks allowed)"
+
+
+class DynamoRoute:
+    """``torch.compile`` with the amp_compiler backend and dynamo's default shapes
+    (``dynamic=None``): a call's first shapes get a static graph, and a dim seen at a second
+    size a symbolic one, sized by that call, which later sizes reuse (a decode loop's growing
+    cache shares one plan). Dynamo picks the graphs each call runs; the backend's ``on_run``
+    tells the route which, so the plan a call used is the set of graphs that ran."""
+
+    name = DYNAMO
+
+    def __init__(self, model: torch.nn.Module, opts: dict, source: str, limit: int) -> None:
+        self.model, self.source = model, source
+        self.cache = PlanCache(limit)
+        self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
+        options = {**opts, "on_run": lambda report: self._ran.append(report)}
+        self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
+                                      dynamic=None)
+
+    @property
+    def plans(self) -> list[Plan]:
+        return list(self.cache.plans.values())
+
+    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+        """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
+        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
+        cache = self.cache
+        at_limit = len(cache.plans) >= cache.limit
+        self._ran = []
+        stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
+        # dynamo's own recompile limit is per code object, shared with every model of the class: ours is max_plans
+        with torch._dynamo.config.patch(recompile_limit=1 << 20), stance:
+            out = self.compiled(*args, **kwargs)
+        key = tuple(id(report) for report in self._ran)
+        plan = cache.get(key)
+        if plan is None:
+            if at_limit:
+                warnings.warn(f"amp_compiler: {self.source} holds max_plans={cache.limit} plans; a call with shapes "
+                              f"{describe_key(args, kwargs)} ran {'partly ' if self._ran else ''}on the FP32 model "
+                              f"(raise max_plans)", stacklevel=5)
+            report = merge_reports(self._ran, self.source, self.name) if self._ran else None
+            plan = Plan(self.compiled, report, describe_key(args, kwargs))
+            if self._ran and not at_limit:
+                cache.put(key, plan)
+        return plan, out
+
+
+__all__ = ["DYNAMO", "DynamoRoute"]
