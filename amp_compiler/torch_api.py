@@ -23,7 +23,8 @@ pins) is captured and planned again, up to ``max_plans`` plans (least recently u
 first, with a warning). ``amp_model.plans`` says how many exist, ``amp_model.report`` is the report of
 the plan the last call used.
 
-* inference (``training=False``, the default for a model in eval mode): every weight an
+* inference (``training=False``, the default for a model in eval mode, its layers' mode: a
+  ``DataParallel`` or other wrapper made after ``.eval()`` counts as eval): every weight an
   FP16 op reads is cast once, at plan time, into an FP16 buffer and reused; the copy is
   recast automatically if the FP32 master changes in place (``load_state_dict``);
 * training (``training=True``, the default for a model in train mode): the casts of the
@@ -53,6 +54,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.mode import effective_training
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.model_checks import bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
@@ -202,7 +204,7 @@ class AmpModule(torch.nn.Module):
         super().__init__()
         # the model's own dicts: parameters(), state_dict() and load_state_dict() are the model's
         self.__dict__.update(_parameters=model._parameters, _buffers=model._buffers, _modules=model._modules)
-        self.training = model.training
+        self.training = effective_training(model)
         # options: compile's keywords, for the submodules generate calls apart (an encoder)
         self.__dict__.update(_route=route, _last=None, _source=source, _options=options, _encoder=None,
                              _recompile=recompile)  # compile's other keywords (training, dynamic_shapes), for deepcopy
@@ -302,8 +304,9 @@ class AmpModule(torch.nn.Module):
         """The model's mode and, where its plans keep gradients, which parameters require them (a
         frozen one is folded into an FP16 constant: unfrozen, it would get no gradient)."""
         model, training = self._route.model, self._recompile.get("training")
-        keeps = model.training if training is None else training
-        return model.training, tuple(p.requires_grad for p in model.parameters()) if keeps else None
+        mode = effective_training(model)  # a wrapper made after .eval() is in train mode at its root only
+        keeps = mode if training is None else training
+        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None
 
     def _follow_mode(self) -> None:
         """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own) and
@@ -367,7 +370,8 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     ``dtype`` float16 or bfloat16, ``planner`` "optimal" (min-cut) or "greedy". ``allow`` /
     ``deny`` force op classes by aten op (``"addmm"``, ``"aten.addmm.default"``) or canonical
     name (``"gemm"``); ``deny_nodes`` keeps ops named as in the report FP32. ``training``
-    (default: ``model.training``) keeps the weight casts in the graph so gradients reach the
+    (default: the model's mode, ``fx_io.mode.effective_training``: a wrapper made after ``.eval()``
+    is in eval mode) keeps the weight casts in the graph so gradients reach the
     FP32 parameters; otherwise FP16 weights are folded once. The module follows the model's
     train/eval mode (``amp_model.eval()``), each mode planned on its first call. ``keep_io_types`` keeps the
     outputs' dtypes. ``backend="inductor"`` hands the rewritten graphs to inductor so the
@@ -408,13 +412,13 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     # torch.compile(model)'s habit: no example, plan on the first call (even where every argument has a default,
     # as a transformers model's have: an empty call is not what the model is called with)
     if not args and not kwargs:
-        return AmpModule(model, route_for(model.training), source, options, route_for, recompile)
+        return AmpModule(model, route_for(effective_training(model)), source, options, route_for, recompile)
     if not _binds(model, args, kwargs):
         raise TypeError(f"amp_compiler.compile({source}): the example does not fit {source}.forward"
                         f"{signature(model)} ({bind_error(model, args, kwargs)}); pass what the model is "
                         "called with: compile(model, (x,), example_kwargs={...}), or no example to plan on "
                         "the first call")
-    route, plan, _ = capture_in(model.training)(args, kwargs)
+    route, plan, _ = capture_in(effective_training(model))(args, kwargs)
     amp = AmpModule(model, route, source, options, route_for, recompile)
     amp.__dict__["_last"] = plan
     return amp

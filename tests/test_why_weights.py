@@ -18,3 +18,29 @@ def test_parameters_cast_every_call_are_named_as_such():
            "2 at graph inputs/outputs" in why, why
     # eval mode folds the weights' casts: FP16 (a near tie of launches), nothing to explain
     assert not amp_compiler.compile(mlp.eval(), x).report.summary["fp32_tensor_core_why"]
+
+
+def test_a_wrapper_made_after_eval_plans_for_inference():
+    """``nn.DataParallel(model.eval())`` (or a user's wrapper) is a new module, in train mode at its
+    root while every layer with weights is in eval mode: read as training, every weight stayed FP32
+    and was cast each call, and the plan was all FP32 by cost."""
+
+    class Wrapper(torch.nn.Module):  # reshapes the output, as users do before export or serving
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x).flatten()
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(4, 64)
+    for wrapped in (torch.nn.DataParallel(mlp), Wrapper(mlp)):
+        assert wrapped.training and not mlp.training
+        amp = amp_compiler.compile(wrapped, x)
+        assert not amp.training
+        assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0, amp.report.summary["fp32_tensor_core_why"]
+        torch.testing.assert_close(amp(x).float().reshape(-1), mlp(x).reshape(-1), atol=2e-2, rtol=2e-2)
+    wrapped.train()  # every layer in train mode now: planned for training, weights cast each call
+    assert amp_compiler.compile(wrapped, x).training
