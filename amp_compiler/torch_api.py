@@ -46,6 +46,7 @@ from torch.utils import _pytree as pytree
 
 from cost_model.runtime import default_runtime
 
+from .dims import check_sizes
 from .dtypes import normalize_low_dtype
 from .dynamo_route import DynamoRoute
 from .errors import ConversionError
@@ -387,6 +388,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
         raise TypeError(f"amp_compiler.compile takes an nn.Module, got {type(model).__name__}")
     if max_plans < 1:
         raise ValueError(f"max_plans must be >= 1, got {max_plans}")
+    check_sizes(None, default_dim)
     low = normalize_low_dtype(str(dtype))
     warn_if_low_precision(model, "compile")
     warn_if_recurrent(model, "compile")

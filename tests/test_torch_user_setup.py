@@ -1,6 +1,6 @@
-"""The why-lines count the casts a plan pays at weights apart from the graph's inputs and outputs:
-a training-mode model keeps its parameters FP32 and casts them every call, which read as "6 at
-graph inputs/outputs" on a two-Linear MLP with one input and one output (``passes/explain.py``)."""
+"""What a PyTorch user's set-up gets: the why-lines count casts at parameters apart from the graph's
+inputs and outputs (``passes/explain.py``), a wrapper made after ``.eval()`` is planned for
+inference (``fx_io/mode.py``), and a size argument of the wrong kind is named."""
 
 from __future__ import annotations
 
@@ -44,3 +44,11 @@ def test_a_wrapper_made_after_eval_plans_for_inference():
         torch.testing.assert_close(amp(x).float().reshape(-1), mlp(x).reshape(-1), atol=2e-2, rtol=2e-2)
     wrapped.train()  # every layer in train mode now: planned for training, weights cast each call
     assert amp_compiler.compile(wrapped, x).training
+
+
+def test_compile_names_a_default_dim_of_the_wrong_kind():
+    """``default_dim="8"`` failed deep in the cost model: "'<' not supported between 'str' and 'int'"."""
+    import pytest
+
+    with pytest.raises(ValueError, match=r"default_dim must be a positive int, got '8'"):
+        amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 8), default_dim="8")
