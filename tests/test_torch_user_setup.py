@@ -52,3 +52,22 @@ def test_compile_names_a_default_dim_of_the_wrong_kind():
 
     with pytest.raises(ValueError, match=r"default_dim must be a positive int, got '8'"):
         amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 8), default_dim="8")
+
+
+def test_an_example_the_model_cannot_run_is_one_error_without_torchs_tracebacks():
+    """A wrong example shape failed both routes with our one ConversionError, after 282 lines of
+    fake-tensor tracebacks torch's loggers printed on stderr (a process of its own: torch's log
+    handler holds the stderr it found at import)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch, amp_compiler\n"
+            "try:\n"
+            "    amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 9))\n"
+            "except amp_compiler.ConversionError as exc:\n"
+            "    print('refused:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "refused:" in done.stdout and "a and b must have same reduction dim" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr and "fake_tensor" not in done.stderr, done.stderr[:2000]

@@ -4,7 +4,8 @@ names module, line, construct and what to try next (docs/architecture.md, "Captu
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import logging
+from typing import Any, Iterator
 
 import torch
 
@@ -18,12 +19,32 @@ def grad_mode(training: bool):
     return contextlib.nullcontext() if training else torch.no_grad()
 
 
+#: loggers that print a whole traceback per failed op while dynamo traces a call that cannot run (an
+#: example of the wrong shape: 282 lines of ``fake_tensor`` errors before our one line)
+_TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch._inductor")
+
+
+@contextlib.contextmanager
+def _tracing_quiet() -> Iterator[None]:
+    """The example call's capture without torch's own error logs: a failure becomes our one error
+    (the traceback stays on its chained exception); later calls log as torch does."""
+    loggers = [logging.getLogger(name) for name in _TRACING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dict,
                      export_error: ConversionError, training: bool) -> tuple[Plan, tuple]:
     """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
     naming module and construct."""
     try:
-        with grad_mode(training):
+        with grad_mode(training), _tracing_quiet():
             plan, out = route.call(args, kwargs)
         if plan.report is not None:
             return plan, (out,)
