@@ -23,6 +23,7 @@ from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
+from .onnx_io.train_mode import training_mode_note
 from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -117,6 +118,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
     _check_dim_names(imp.graph, dim_values, source)
+    trained = training_mode_note(model, nested=len(imp.graphs) > 1)  # the source's nodes, before emission
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
@@ -139,6 +141,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph
     if drawn:
         report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
+    if trained:
+        report.summary["exported_in_training"] = trained
     if annotate:
         annotate_model(converted, report, nodes)
     return ConvertedModel(converted, report, base_dir, imp.pending)

@@ -1,0 +1,38 @@
+"""An ONNX file exported in training mode (``onnx_io/train_mode.py``): its Dropout nodes drop values
+and its BatchNormalization nodes use the batch's statistics at inference. Conversion keeps the
+model's behaviour, validation passed (both sessions drew the same mask), and nothing was said."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler import convert_onnx
+from tests.builders import fin, model, weight
+
+
+def _dropout_model(training: bool | None, bn_training: int = 0):
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("Constant", [], ["train"], name="flag",
+                              value=numpy_helper.from_array(np.array(bool(training)))),
+             helper.make_node("Dropout", ["h", "", "train" if training is not None else ""], ["d"], name="drop"),
+             helper.make_node("BatchNormalization", ["d", "s", "b", "mean", "var"],
+                              ["y", "new_mean", "new_var"] if bn_training else ["y"], name="norm",
+                              training_mode=bn_training)]
+    inits = [weight("W", 16, 16), *(numpy_helper.from_array(np.full(16, v, np.float32), n)
+                                    for n, v in (("s", 1.0), ("b", 0.0), ("mean", 0.0), ("var", 1.0)))]
+    return model(nodes, [fin("x", 4, 16)], [fin("y", 4, 16)], inits)
+
+
+def test_dropout_and_batch_norm_left_in_training_mode_are_said_once():
+    report = convert_onnx(_dropout_model(True, bn_training=1)).report
+    note = report.summary["exported_in_training"]
+    assert note.startswith("exported in training mode: 2 Dropout/BatchNormalization nodes (drop, norm)")
+    assert "export after model.eval()" in note
+    assert report.to_text().splitlines()[2].startswith("! exported in training mode: 2 ")  # first, under the title
+    assert "exported in training mode" in report.to_html()
+
+
+def test_an_inference_export_says_nothing():
+    for training in (False, None):
+        assert "exported_in_training" not in convert_onnx(_dropout_model(training)).report.summary
