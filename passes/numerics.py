@@ -22,6 +22,8 @@ every op reading or writing a flagged value through a unit port in FP32):
    casts it to the low dtype (where it would become inf).
 6. A constant flagged only because its values flush to zero does not veto a reader that
    adds it (Add/Sub, a Conv/Gemm bias): BN-folded biases of 1e-9 vanish beside their addend.
+   Readers are found through data movement; deny ops and a training step's ops after the unscale
+   markers (the optimizer's update) read the FP32 copy and do not count.
 7. Trigonometric functions (Sin, Cos, Tan) of an argument that is not bounded stay FP32, and
    so do the ops computing that argument from integers and constants alone (RoPE: position x
    inv_freq): the dtype's spacing near 2048 (2 in FP16, 16 in BF16) loses the angle.
@@ -79,6 +81,7 @@ from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_
 from .numerics_magnitude import tiny_products
 
 from .base import Pass, PassResult, PlanContext, check
+from .propagate import after_unscale
 from .result import NumericsFlags
 
 #: ops whose output carries their inputs' extreme values
@@ -106,8 +109,9 @@ class NumericsPass(Pass):
         ops: dict[str, str] = {}
         saturated: dict[str, str] = {}
         calibrated: dict[str, str] = {}
+        unscaled = after_unscale(graph)  # a training step's optimizer update: FP32 whatever the plan
         for t in graph.tensors.values():  # 1, 3, 6, 10
-            why = constant_reason(t, rng, label) if not _only_added(graph, t, rng) else None
+            why = constant_reason(t, rng, label) if not _only_added(graph, t, rng, unscaled) else None
             if why and t.origin in ("initializer", "constant") and t.stats.max_abs > rng.max and \
                     mask_sentinel(graph, t.name):  # a Constant node's value too (the TorchScript exporter's fill)
                 t.saturate_to, why = mask_fill(rng), None
@@ -183,16 +187,31 @@ def mask_fill(rng: DtypeRange) -> float:
     return 2.0 ** math.floor(math.log2(rng.max))
 
 
-def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange) -> bool:
-    """Whether ``t`` is a constant whose only trouble is underflow, read only as an addend (rule 6)."""
+def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange, unscaled: set[str]) -> bool:
+    """Whether ``t`` is a constant whose only trouble is underflow, read only as an addend (rule 6):
+    through data movement (a training graph's ``detach`` of a parameter, views), and leaving out
+    readers FP32 whatever the plan: deny ops (a training step's optimizer update) and those after
+    the loss scale's unscale markers (``unscaled``). Before, AdamW's weight-decay and skip-step
+    reads of a GPT-2 bias with a few entries below FP16's smallest subnormal kept its c_attn GEMM
+    FP32 (their FP32 copy was never in question)."""
     s = t.stats
     if s is None or s.max_abs > rng.max or not t.consumers:
         return False
-    for name, port in t.consumers:
-        canonical = graph.ops[name].canonical or ""
-        if canonical not in _ADDITIVE_OPS and port not in _ADDITIVE_PORTS.get(canonical, ()):
-            return False
-    return True
+    frontier, seen, added = [t.name], set(), False
+    while frontier:
+        for name, port in graph.tensors[frontier.pop()].consumers:
+            op = graph.ops[name]
+            canonical = op.canonical or ""
+            if name in unscaled or op.op_class == DENY or (name, port) in seen:
+                continue  # FP32 whatever the plan: it reads the FP32 copy
+            seen.add((name, port))
+            if canonical in _ADDITIVE_OPS or port in _ADDITIVE_PORTS.get(canonical, ()):
+                added = True
+            elif op.op_class == CLEAR and canonical != "cast" and canonical not in VALUE_FLOW:
+                frontier += [o for o in op.outputs if o]  # the same values, moved
+            else:
+                return False
+    return added
 
 
 def constant_reason(t: Tensor, rng: DtypeRange, label: str) -> str | None:

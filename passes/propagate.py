@@ -63,7 +63,7 @@ class PropagatePass(Pass):
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         before = snapshot(graph, "eligible", "precision", "reason")
-        after_unscale = _after_unscale(graph)
+        unscaled = after_unscale(graph)
         near_unsafe = _near_unsafe_values(graph)
         candidates = []
         for op in graph.ops.values():
@@ -75,7 +75,7 @@ class PropagatePass(Pass):
                 op.reason = f"{op.op_class}: {OTHER_DTYPE} ({op.source_dtype})"
                 continue
             op.precision = FLOAT32
-            if op.name in after_unscale:
+            if op.name in unscaled:
                 op.reason = AFTER_UNSCALE
             elif op.op_class in (DENY, UNKNOWN):
                 pass  # classify already gave the reason
@@ -136,8 +136,8 @@ class PropagatePass(Pass):
                 if op.source_dtype != FLOAT32:
                     op.reason += f"; keeps its source dtype {op.source_dtype}"
         details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
-        if after_unscale:
-            details += f", {len(after_unscale)} after unscale markers"
+        if unscaled:
+            details += f", {len(unscaled)} after unscale markers"
         return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
 
 
@@ -208,7 +208,7 @@ def _unsafe_constant(graph: PrecisionGraph, op) -> str | None:
     return None
 
 
-def _after_unscale(graph: PrecisionGraph) -> set[str]:
+def after_unscale(graph: PrecisionGraph) -> set[str]:
     """Names of ops that produce or (transitively) consume a tensor marked as unscaled."""
     seen: set[str] = set()
     queue: deque[str] = deque()

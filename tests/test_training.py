@@ -376,3 +376,21 @@ def test_attention_and_its_backward_are_known_tensor_core_ops_in_the_step(dropou
         assert lse.meta["val"].dtype == torch.float32
         assert not any("_to_copy" in str(u.target) or "convert_element_type" in str(u.target) for u in lse.users)
     assert torch.isfinite(step(*_batch()))
+
+
+@pytest.mark.parametrize("name", ["adamw_fused", "sgd_momentum_wd"])
+def test_a_bias_with_entries_below_fp16s_subnormal_keeps_its_gemm_low(name):
+    """Adam steps leave some bias entries near zero. Rule 6 lets an addend flush to zero, but the
+    step's own optimizer update reads the parameter too (weight decay, the skip-step select: FP32
+    whatever the plan), and those reads kept the GEMM adding the bias FP32 (GPT-2's c_attn)."""
+    model = _mlp()
+    with torch.no_grad():
+        model[0].bias[:8] = 1e-9  # below FP16's smallest subnormal, 6e-8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(model, F.cross_entropy, OPTIMIZERS[name](model.parameters()), _batch(),
+                                planner="all")
+    reasons = [o["reason"] for o in step.report.data["ops"] if o["canonical"] == "gemm"]
+    assert reasons and not any("subnormal" in r for r in reasons), reasons
+    forward = [o for o in step.report.data["ops"] if o["canonical"] == "gemm" and "aten.addmm" == o["name"]]
+    assert forward and forward[0]["precision"] == "float16"
