@@ -22,7 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
-from .fx_io.model_checks import warn_if_hooked, warn_if_low_precision
+from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
@@ -69,11 +69,13 @@ class TrainStep:
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
+        self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
         self._select(tuple(example_batch))
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         self._check_batch(batch)
+        self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
         cap = self._select(batch)
         v = cap.variant

@@ -112,6 +112,7 @@ def test_a_hook_registered_after_compile_is_said_at_the_next_call():
         am(x)
     said = [str(w.message) for w in caught if "after compiling" in str(w.message)]
     assert len(said) == 1 and "registered on 2 after compiling is not called" in said[0], said
+    assert "register it on the module amp_compiler.compile returns" in said[0]
     assert not called  # what the warning says
     am.register_forward_hook(lambda *_: called.append(1))  # the advice: on the AmpModule, called every call
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:

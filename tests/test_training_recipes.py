@@ -408,3 +408,18 @@ def test_a_gradient_left_by_an_eager_backward_is_cleared_and_said_once():
     assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) == 0.0  # nothing stale measured
     with pytest.raises(ValueError, match="max_grad_norm="):
         step.grads()
+
+
+def test_a_hook_registered_after_compile_training_is_said_at_the_next_step():
+    model = _mlp()
+    x, y = _data()
+    step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+    called = []
+    model[0].register_forward_pre_hook(lambda *_: called.append(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(x, y)
+        step(x, y)
+    said = [str(w.message) for w in caught if "after compiling" in str(w.message)]
+    assert len(said) == 1 and "registered on 0 after compiling is not called" in said[0], said
+    assert not called

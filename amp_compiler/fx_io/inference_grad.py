@@ -6,7 +6,10 @@ with torch's "element 0 of tensors does not require grad", naming nothing of our
 eager model would have built a graph (grad mode on, a parameter requiring grad),
 ``guard_outputs`` passes the floating outputs that do not require grad through ``_NoWeightGrad``
 (a copy, as eager's outputs are new tensors), whose backward raises one error naming
-``model.train()`` and ``training=True``. ``torch.no_grad``/``inference_mode`` calls pay nothing.
+``model.train()`` and ``training=True``. ``torch.no_grad``/``inference_mode`` calls pay nothing. An
+eval-mode part upstream of a trained one (a frozen feature extractor whose parameters still require
+grad) raises too, since its backward cannot tell: the message names ``torch.no_grad()`` and
+``requires_grad_(False)``, as eager needs them to skip that part's backward.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class _NoWeightGrad(torch.autograd.Function):
             f"amp_compiler: backward through {ctx.source}'s inference (eval-mode) plan, whose weights are folded "
             f"into FP16 constants: no gradient reaches the parameters; call model.train() (or amp_model.train()) "
             f"before the forward you backpropagate through, or compile(..., training=True) to keep gradients in "
-            f"eval mode")
+            f"eval mode; a frozen part feeding a trained one: call it under torch.no_grad(), or requires_grad_(False) "
+            f"its parameters")
 
 
 def guard_outputs(out: Any, source: str) -> Any:

@@ -8,7 +8,7 @@
 * ``warn_if_hooked``: forward hooks and pre-hooks run while torch.export or make_fx captures the
   model (dynamo replays their side effects), so what they return is in the graph, but they are not
   called at each call: their side effects (collecting activations, logging) would stop silently;
-  the warning names the modules; ``HookWatch``: hooks registered after the capture, said at the next call;
+  the warning names the modules; ``HookWatch``: those registered after the capture, said at the next call;
 * ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
   time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
@@ -83,7 +83,8 @@ class HookWatch:
         """Hooks present now count as captured (a capture warns of them itself: ``warn_if_hooked``)."""
         self.seen, self.counter = set(hook_ids(self.model)), RemovableHandle.next_id
 
-    def check(self, entry: str, stacklevel: int = 5) -> None:
+    def check(self, entry: str, stacklevel: int = 5,
+              fix: str = "register it on the module amp_compiler.compile returns (called at every call)") -> None:
         if RemovableHandle.next_id == self.counter:
             return
         now = hook_ids(self.model)
@@ -91,9 +92,8 @@ class HookWatch:
         self.seen, self.counter = self.seen | set(now), RemovableHandle.next_id
         if new:
             warnings.warn(f"amp_compiler.{entry}({type(self.model).__name__}): the forward hook registered on "
-                          f"{_named(new)} after compiling is not called: the plans were captured before it; "
-                          f"register it on the module amp_compiler.compile returns (called at every call), or "
-                          f"compile the hooked model again", stacklevel=stacklevel)
+                          f"{_named(new)} after compiling is not called: what runs was captured before it; "
+                          f"{fix}, or compile the hooked model again", stacklevel=stacklevel)
 
 
 def _named(found: list[str]) -> str:
