@@ -390,6 +390,15 @@ def test_an_infinite_gradient_with_clipping_skips_the_step_and_backs_the_scale_o
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def _said_in_two_steps(step, batch, words):
+    """The warnings holding ``words`` that two calls of ``step`` give."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(*batch)
+        step(*batch)
+    return [str(w.message) for w in caught if words in str(w.message)]
+
+
 def test_a_gradient_left_by_an_eager_backward_is_cleared_and_said_once():
     """Without ``keep_grads`` the step's gradients never reach ``p.grad``: one an eager backward left
     there was what ``clip_grad_norm_`` after the step measured and clipped, silently unrelated to the
@@ -398,11 +407,7 @@ def test_a_gradient_left_by_an_eager_backward_is_cleared_and_said_once():
     x, y = _data()
     F.cross_entropy(model(x), y).backward()  # a quick eager check before switching to the step
     step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        step(x, y)
-        step(x, y)
-    said = [str(w.message) for w in caught if "from outside the step" in str(w.message)]
+    said = _said_in_two_steps(step, (x, y), "from outside the step")
     assert len(said) == 1 and "max_grad_norm=" in said[0], said
     assert all(p.grad is None for p in model.parameters())
     assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) == 0.0  # nothing stale measured
@@ -411,15 +416,12 @@ def test_a_gradient_left_by_an_eager_backward_is_cleared_and_said_once():
 
 
 def test_a_hook_registered_after_compile_training_is_said_at_the_next_step():
+    """Registered after the capture, a hook is never called by the step; the next step says so, once."""
     model = _mlp()
     x, y = _data()
     step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
     called = []
     model[0].register_forward_pre_hook(lambda *_: called.append(1))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        step(x, y)
-        step(x, y)
-    said = [str(w.message) for w in caught if "after compiling" in str(w.message)]
+    said = _said_in_two_steps(step, (x, y), "after compiling")
     assert len(said) == 1 and "registered on 0 after compiling is not called" in said[0], said
     assert not called
