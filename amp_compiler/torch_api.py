@@ -55,9 +55,10 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.inference_grad import guard_outputs
 from .fx_io.mode import effective_training
 from .fx_io.capture_failure import dynamo_or_raise
-from .fx_io.model_checks import bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
+from .fx_io.model_checks import HookWatch, bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
 from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, varying_dims)
 from .plan import make_context, run_passes
@@ -212,7 +213,7 @@ class AmpModule(torch.nn.Module):
         # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
         # others are made (planned on their first call) by route_for
         self.__dict__.update(_routes={}, _route_for=route_for)
-        self.__dict__["_mode"] = self._route_key()
+        self.__dict__.update(_mode=self._route_key(), _hooks=HookWatch(model))
 
     @property
     def capture(self) -> str:
@@ -240,10 +241,18 @@ class AmpModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._follow_mode()
+        first = isinstance(self._route, _FirstCall)
+        if not first:  # a first call captures the hooks there are (and warns of them)
+            self._hooks.check("AmpModule")
         plan, out = self._route.call(args, kwargs)
+        if first:
+            self._hooks.reset()
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
+        if self._mode[1] is None and torch.is_grad_enabled() and \
+                any(p.requires_grad for p in self._route.model.parameters()):
+            return guard_outputs(out, f"AmpModule({self._source})")  # backward: one clear error
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:

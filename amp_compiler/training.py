@@ -22,7 +22,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
-from .fx_io.model_checks import warn_if_hooked, warn_if_low_precision
+from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
@@ -65,14 +65,17 @@ class TrainStep:
         self._static_only: set[tuple] = set()  # families whose symbolic trace failed
         self._warned_fp32 = False
         self._warned_hypers = False
+        self._warned_grads = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
+        self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
         self._select(tuple(example_batch))
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         self._check_batch(batch)
+        self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
         cap = self._select(batch)
         v = cap.variant
@@ -100,9 +103,28 @@ class TrainStep:
             self._store_state(v.state_out, new_s)
         self._scale, self._tracker, self.grad_norm = scale, tracker, norm
         self._skipped = self._skipped + overflow.to(torch.int64)
-        for name, g in zip(self.setup.trainable, grads):
-            self._params[name].grad = g
+        if self.setup.keep_grads:
+            for name, g in zip(self.setup.trainable, grads):
+                self._params[name].grad = g
+        else:
+            self._clear_outside_grads()
         self.optimizer._opt_called = True  # schedulers: optimizer.step() did run  # noqa: SLF001
+
+    def _clear_outside_grads(self) -> None:
+        """Without ``keep_grads`` the step's gradients never reach ``p.grad``: one left there by an eager
+        backward had been what ``clip_grad_norm_`` after the step clipped and measured, unrelated to the
+        update the step already applied. It is cleared (said once), so ``p.grad`` is ``None`` after a step."""
+        stale = [n for n in self.setup.trainable if self._params[n].grad is not None]
+        if not stale:
+            return
+        for name in stale:
+            self._params[name].grad = None
+        if not getattr(self, "_warned_grads", False):  # (a step pickled before this flag)
+            self._warned_grads = True
+            warnings.warn(f"compile_training: {stale[0]}.grad held a gradient from outside the step (an eager "
+                          f"backward); the step computes and applies its own, so it is cleared: "
+                          f"clip_grad_norm_ after the step clips nothing, pass max_grad_norm= (or max_grad_value=) "
+                          f"to compile_training, and keep_grads=True to read the step's gradients", stacklevel=4)
 
     def _store_state(self, layout: fopt.StateLayout, tensors: list[torch.Tensor]) -> None:
         it = iter(tensors)
@@ -283,7 +305,8 @@ class TrainStep:
     def grads(self) -> dict[str, torch.Tensor]:
         """The last update's unscaled (and clipped) gradients by parameter name (``keep_grads=True``)."""
         if not self.setup.keep_grads:
-            raise ValueError("compile_training: gradients are kept only with keep_grads=True")
+            raise ValueError("compile_training: gradients are kept only with keep_grads=True (to clip them, "
+                             "pass max_grad_norm=: the step applies the update itself)")
         return {n: self._params[n].grad for n in self.setup.trainable if self._params[n].grad is not None}
 
     def state_dict(self) -> dict[str, Any]:
@@ -369,8 +392,10 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
     each call is a micro-batch of the loss divided by N, the N-th call updates.
     ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``), ``max_grad_value`` clamps
-    them first (``clip_grad_value_``: calling it after the step would clip nothing); ``keep_grads`` writes
-    them to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
+    them first: the step applies the update itself, so ``clip_grad_norm_``/``clip_grad_value_`` called
+    after it clip nothing (``p.grad`` is ``None`` after a step; a gradient an eager backward left there
+    is cleared, with a warning). An inf/NaN gradient skips the step and backs the loss scale off, with
+    or without clipping. ``keep_grads`` writes the (clipped) gradients to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
     and that capture serves its later sizes; captures are at most ``max_captures``.
     ``step.report`` is the per-op report of the last graph run.
     """

@@ -4,6 +4,9 @@ inference (``fx_io/mode.py``), and a size argument of the wrong kind is named.""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 
 import amp_compiler
@@ -71,3 +74,48 @@ def test_an_example_the_model_cannot_run_is_one_error_without_torchs_tracebacks(
                           cwd=Path(__file__).resolve().parents[1])
     assert "refused:" in done.stdout and "a and b must have same reduction dim" in done.stdout, done.stdout
     assert "Traceback" not in done.stderr and "fake_tensor" not in done.stderr, done.stderr[:2000]
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+
+
+def test_backward_through_an_eval_plan_names_train_mode():
+    """An eval-mode plan folds its weights: ``loss.backward()`` after a quick evaluation failed with
+    torch's "element 0 of tensors does not require grad"; now one error names ``model.train()`` and
+    ``training=True`` (``fx_io/inference_grad.py``), and train mode gets the weights' gradients."""
+    mlp, x = _mlp().eval(), torch.randn(8, 64)
+    am = amp_compiler.compile(mlp, x)
+    out = am(x)
+    assert out.requires_grad  # as the eager model's, with grad mode on
+    with pytest.raises(RuntimeError, match=r"eval-mode\) plan.*model\.train\(\).*training=True"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        assert not am(x).requires_grad  # inference under no_grad pays nothing
+    out += 1  # outputs stay modifiable in place, as eager's
+    am.train()
+    am(x).float().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mlp.parameters())
+
+
+def test_a_hook_registered_after_compile_is_said_at_the_next_call():
+    """Hooks registered before compiling were warned of; one registered after was silently never
+    called (neither route runs it). The next call says so, once (``model_checks.HookWatch``)."""
+    mlp, x = _mlp().eval(), torch.randn(8, 64)
+    am = amp_compiler.compile(mlp, x)
+    called = []
+    mlp[2].register_forward_hook(lambda *_: called.append(1))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        am(x)
+        am(x)
+    said = [str(w.message) for w in caught if "after compiling" in str(w.message)]
+    assert len(said) == 1 and "registered on 2 after compiling is not called" in said[0], said
+    assert "register it on the module amp_compiler.compile returns" in said[0]
+    assert not called  # what the warning says
+    am.register_forward_hook(lambda *_: called.append(1))  # the advice: on the AmpModule, called every call
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        am(x)
+    assert called == [1] and not [w for w in caught if "after compiling" in str(w.message)]

@@ -370,3 +370,58 @@ def test_gradient_checkpointing_is_captured_with_its_recompute_and_matches_eager
     _close(captured, eager)
     first = [n for n in step.graph_module.graph.nodes if n.target is torch.ops.aten.addmm.default]
     assert len(first) == 3  # a, b and a again: the checkpointed segment is recomputed in the graph
+
+
+def test_an_infinite_gradient_with_clipping_skips_the_step_and_backs_the_scale_off():
+    """``max_grad_norm`` on an inf gradient: the norm is inf, the step is skipped (no raise, unlike
+    ``clip_grad_norm_(error_if_nonfinite=True)``), the scale halves and the next step trains."""
+    model = _mlp()
+    x, y = _data()
+    step = _compile(model, torch.optim.Adam(model.parameters(), lr=1e-2), (x, y), max_grad_norm=1.0)
+    step(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    bad = x.clone()
+    bad[0, 0] = 3e38
+    step(bad, y)
+    assert not torch.isfinite(step.grad_norm) and step.skipped_steps == 1 and step.scale == 2.0 ** 15
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    step(x, y)
+    assert torch.isfinite(step.grad_norm) and step.skipped_steps == 1
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _said_in_two_steps(step, batch, words):
+    """The warnings holding ``words`` that two calls of ``step`` give."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(*batch)
+        step(*batch)
+    return [str(w.message) for w in caught if words in str(w.message)]
+
+
+def test_a_gradient_left_by_an_eager_backward_is_cleared_and_said_once():
+    """Without ``keep_grads`` the step's gradients never reach ``p.grad``: one an eager backward left
+    there was what ``clip_grad_norm_`` after the step measured and clipped, silently unrelated to the
+    update; it is cleared, and the warning points to ``max_grad_norm``."""
+    model = _mlp()
+    x, y = _data()
+    F.cross_entropy(model(x), y).backward()  # a quick eager check before switching to the step
+    step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+    said = _said_in_two_steps(step, (x, y), "from outside the step")
+    assert len(said) == 1 and "max_grad_norm=" in said[0], said
+    assert all(p.grad is None for p in model.parameters())
+    assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) == 0.0  # nothing stale measured
+    with pytest.raises(ValueError, match="max_grad_norm="):
+        step.grads()
+
+
+def test_a_hook_registered_after_compile_training_is_said_at_the_next_step():
+    """Registered after the capture, a hook is never called by the step; the next step says so, once."""
+    model = _mlp()
+    x, y = _data()
+    step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+    called = []
+    model[0].register_forward_pre_hook(lambda *_: called.append(1))
+    said = _said_in_two_steps(step, (x, y), "after compiling")
+    assert len(said) == 1 and "registered on 0 after compiling is not called" in said[0], said
+    assert not called

@@ -8,7 +8,7 @@
 * ``warn_if_hooked``: forward hooks and pre-hooks run while torch.export or make_fx captures the
   model (dynamo replays their side effects), so what they return is in the graph, but they are not
   called at each call: their side effects (collecting activations, logging) would stop silently;
-  the warning names the modules;
+  the warning names the modules; ``HookWatch``: those registered after the capture, said at the next call;
 * ``warn_if_recurrent``: ``nn.LSTM``/``nn.GRU``/``nn.RNN`` are unrolled by the capture, one set of ops per
   time step, so each sequence length is a capture and a plan of its own: the warning says so.
 """
@@ -20,6 +20,7 @@ import warnings
 from collections import Counter
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 
 def bind_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
@@ -52,16 +53,51 @@ def warn_if_recurrent(model: torch.nn.Module, entry: str, stacklevel: int = 3) -
                       f"compile the modules around it", stacklevel=stacklevel)
 
 
+def hook_ids(model: torch.nn.Module) -> dict[int, str]:
+    """The handle ids of the forward hooks and pre-hooks on ``model``'s modules, with the module's name."""
+    return {hid: name or "<root>" for name, m in model.named_modules()
+            for hid in (*m._forward_hooks, *m._forward_pre_hooks)}
+
+
 def warn_if_hooked(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
     """Warn that the forward hooks and pre-hooks of ``model``'s modules run at capture only (first named)."""
-    found = [name or "<root>" for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    found = list(dict.fromkeys(hook_ids(model).values()))
     if found:
-        more = f" and {len(found) - 1} more modules" if len(found) > 1 else ""
-        warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): the forward hooks of {found[0]}{more} run "
+        warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): the forward hooks of {_named(found)} run "
                       f"only while the model is captured: what they return is in the graph, but they are not "
                       f"called again, so their side effects (collecting activations, logging) stop; register "
                       f"it on the module amp_compiler.compile returns, or return what you need from forward",
                       stacklevel=stacklevel)
+
+
+class HookWatch:
+    """The forward hooks registered on a compiled model's modules after its capture: the plans (either
+    route; dynamo does not guard on hooks) never call them, so the next call says so, once per hook.
+    A registration anywhere moves ``RemovableHandle.next_id``; only then are the modules walked."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.reset()
+
+    def reset(self) -> None:
+        """Hooks present now count as captured (a capture warns of them itself: ``warn_if_hooked``)."""
+        self.seen, self.counter = set(hook_ids(self.model)), RemovableHandle.next_id
+
+    def check(self, entry: str, stacklevel: int = 5,
+              fix: str = "register it on the module amp_compiler.compile returns (called at every call)") -> None:
+        if RemovableHandle.next_id == self.counter:
+            return
+        now = hook_ids(self.model)
+        new = list(dict.fromkeys(name for hid, name in now.items() if hid not in self.seen))
+        self.seen, self.counter = self.seen | set(now), RemovableHandle.next_id
+        if new:
+            warnings.warn(f"amp_compiler.{entry}({type(self.model).__name__}): the forward hook registered on "
+                          f"{_named(new)} after compiling is not called: what runs was captured before it; "
+                          f"{fix}, or compile the hooked model again", stacklevel=stacklevel)
+
+
+def _named(found: list[str]) -> str:
+    return found[0] + (f" and {len(found) - 1} more modules" if len(found) > 1 else "")
 
 
 def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3,
