@@ -55,7 +55,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
-from .fx_io.inference_grad import guard_outputs
+from .fx_io.inference_grad import warn_no_weight_grad
 from .fx_io.mode import effective_training
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.model_checks import HookWatch, bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
@@ -250,9 +250,9 @@ class AmpModule(torch.nn.Module):
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
-        if self._mode[1] is None and torch.is_grad_enabled() and \
-                any(p.requires_grad for p in self._route.model.parameters()):
-            return guard_outputs(out, f"AmpModule({self._source})")  # backward: one clear error
+        if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
+                any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
+            self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})")
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
