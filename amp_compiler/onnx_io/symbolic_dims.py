@@ -20,6 +20,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
 from .inference import placeholder_names
+from .shape_folding import fold_shape_values
 from .tensors import is_external
 
 
@@ -48,6 +49,8 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
     if inferred is None:
         return 0
     related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    related.update((t.name, helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+                   for t in inferred.graph.initializer if t.name not in related)  # a folded shape value
     declared = _dims(light.graph.input)
     adopted = ModelProto()
     adopted.CopyFrom(light)
@@ -70,14 +73,18 @@ def symbolic_model(light: ModelProto) -> ModelProto | None:
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
     try:
-        return _symbolic_shapes(SymbolicShapeInference, _shape_model(light))
+        model = _shape_model(light)
+        inference = _symbolic_shapes(SymbolicShapeInference, model)
+        if fold_shape_values(model, inference.known_vi_, inference.sympy_data_, _dims(light.graph.input)):
+            inference = _symbolic_shapes(SymbolicShapeInference, model)  # once more, with the pads known
+        return inference.out_mp_
     except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
         return None
     finally:
         logger.level = level
 
 
-def _symbolic_shapes(inference_class, model: ModelProto) -> ModelProto:
+def _symbolic_shapes(inference_class, model: ModelProto):
     """``SymbolicShapeInference.infer_shapes`` without its side effect: where some shape stays
     unknown it saves ``sym_shape_infer_temp.onnx`` into the working directory and raises; here what
     it did infer is kept (the strict check in ``relate_dims`` vets it), and no file is written."""
@@ -86,7 +93,7 @@ def _symbolic_shapes(inference_class, model: ModelProto) -> ModelProto:
     while inference.run_:
         inference._infer_impl()
     inference._update_output_from_vi()
-    return inference.out_mp_
+    return inference
 
 
 def _shape_model(light: ModelProto) -> ModelProto:

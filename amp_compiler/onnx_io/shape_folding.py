@@ -1,0 +1,145 @@
+"""Fold the integer values a shape input reads where they are constants of the inputs' static dims.
+
+A TorchScript export computes ``F.pad``'s pads from ``Shape`` through ``Concat``, ``Reshape``,
+a reversing ``Slice``, ``Transpose`` and ``Cast``; ONNX Runtime's symbolic inference carries
+shape arithmetic through few of those, so the ``Pad`` after them got made-up dims: a Swin
+(``pixel_values [batch, 3, 64, 64]``) kept 50 dims sized ``--default-dim`` and every GEMM of
+its attention read them. Here each such value is evaluated from the ``Shape`` values that
+inference did size, once per two sizings of the declared dims; where both agree it is a
+constant of the model and becomes an initializer of the shape model, and inference runs again.
+docs/architecture.md, "Input handling".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from ..dims import DimSizes, names_in
+
+#: the inputs of each op that ONNX Runtime's inference reads the value of (a shape, pads, a range)
+_SHAPE_INPUTS = {"Pad": (1,), "Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,),
+                 "Range": (0, 1, 2), "Slice": (1, 2, 3, 4), "Resize": (3,), "Unsqueeze": (1,),
+                 "Squeeze": (1,), "Split": (1,)}
+_INTS = {TensorProto.INT64, TensorProto.INT32}
+#: a cone bigger than this is not a shape computation worth evaluating
+_MOST_NODES = 200
+#: two sizings of the declared dims; a value equal under both does not depend on them
+_SIZINGS = (5, 7)
+
+
+def fold_shape_values(model: ModelProto, known: dict, data: dict, declared: set[str]) -> int:
+    """Make the unevaluated shape inputs of ``model`` (the shape model ONNX Runtime's inference ran
+    on: ``known`` its value infos, ``data`` the values it evaluated) initializers where they are
+    constants; returns how many were folded."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output if o}
+    constants = {t.name: t for t in graph.initializer}
+    wanted = {n.input[i] for n in graph.node for i in _SHAPE_INPUTS.get(n.op_type, ())
+              if i < len(n.input) and n.input[i] and n.input[i] not in data and n.input[i] in producer
+              and n.input[i] not in constants}
+    cones = {}
+    for name in sorted(wanted):
+        cone = _cone(name, producer, constants, known, declared)
+        if cone is not None:
+            cones[name] = cone
+    if not cones:
+        return 0
+    in_cones = {id(n) for cone in cones.values() for n in cone}
+    nodes = [n for n in graph.node if id(n) in in_cones]  # in graph order, which is topological
+    opsets = list(model.opset_import)
+    values = [_evaluate(nodes, sorted(cones), (known, declared, constants), opsets, size)
+              for size in _SIZINGS]
+    if any(v is None for v in values):
+        return 0
+    folded = [name for name in sorted(cones) if _same(values[0][name], values[1][name])]
+    done = {name for name in folded if _fold(graph, producer[name], name, values[0][name])}
+    return len(done)
+
+
+def _cone(name: str, producer: dict, constants: dict, known: dict, declared: set[str]) -> list[NodeProto] | None:
+    """The integer nodes ``name`` is computed by, back to ``Shape`` nodes whose input inference
+    sized from declared dims, ``Constant`` nodes and initializers; None if it reads anything else."""
+    cone: dict[int, NodeProto] = {}
+    stack = [name]
+    while stack:
+        value = stack.pop()
+        if value in constants:
+            continue
+        node = producer.get(value)
+        if node is None or len(cone) > _MOST_NODES:
+            return None  # a graph input: data the model reads, not a shape
+        if id(node) in cone:
+            continue
+        cone[id(node)] = node
+        if node.op_type == "Shape":
+            if _shape_of(known.get(node.input[0]), declared) is None:
+                return None
+            continue
+        if node.op_type != "Constant":
+            if any(_elem_type(known.get(o)) not in _INTS | {TensorProto.BOOL} for o in node.output if o):
+                return None
+            stack.extend(i for i in node.input if i)
+    return list(cone.values())
+
+
+def _elem_type(vi) -> int:
+    return vi.type.tensor_type.elem_type if vi is not None else 0
+
+
+def _shape_of(vi, declared: set[str]) -> list | None:
+    """The dims of ``vi``: numbers or expressions of declared dims; None otherwise."""
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = []
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        elif d.dim_param and names_in(d.dim_param) <= declared:
+            dims.append(d.dim_param)
+        else:
+            return None
+    return dims
+
+
+def _evaluate(nodes: list[NodeProto], outputs: list[str], context: tuple, opsets: list, size: int) -> dict | None:
+    """The ``outputs`` of ``nodes`` with each declared dim sized ``size``; None if evaluation fails.
+    ``context``: the value infos, the declared dims and the initializers, as ``fold_shape_values``'s."""
+    from onnx.reference import ReferenceEvaluator
+
+    known, declared, constants = context
+    sizes = DimSizes({d: size for d in declared}, size, declared)
+    body = []
+    for node in nodes:
+        if node.op_type == "Shape":
+            dims = np.array([sizes.get(d) if isinstance(d, str) else d
+                             for d in _shape_of(known[node.input[0]], declared)], dtype=np.int64)
+            attrs = {a.name: a.i for a in node.attribute}
+            dims = dims[attrs.get("start", 0):attrs["end"] if "end" in attrs else None]
+            body.append(helper.make_node("Constant", [], [node.output[0]], value=numpy_helper.from_array(dims)))
+        else:
+            body.append(node)
+    read = {i for n in body for i in n.input if i in constants}
+    graph = helper.make_graph(body, "shape_cone", [], [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
+                                                       for o in outputs], [constants[r] for r in sorted(read)])
+    try:
+        results = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets)).run(None, {})
+    except Exception:  # noqa: BLE001 - best effort: a cone the reference runtime cannot run stays unfolded
+        return None
+    return dict(zip(outputs, results))
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == b))
+
+
+def _fold(graph, node: NodeProto, name: str, value) -> bool:
+    """``name`` as an initializer in place of ``node``'s output (a single-output node only)."""
+    if len([o for o in node.output if o]) != 1:
+        return False
+    graph.node.remove(node)
+    graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    return True
+
+
+__all__ = ["fold_shape_values"]
