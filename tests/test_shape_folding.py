@@ -47,3 +47,35 @@ def test_a_pad_computed_from_static_dims_is_sized():
     of 121.7 at batch 8)."""
     report = convert_onnx(_padded_projection(), dim_values={"batch": 4})[1]
     assert report.summary["gemm_flops"] == 2 * 4 * 16 * 32 * 64
+
+
+def _arange_gather():
+    """``x[:, torch.arange(x.shape[1])]`` as the TorchScript exporter writes the arange:
+    ``NonZero(ConstantOfShape([rows], value=1))``; then a projection of the gathered rows."""
+    one = helper.make_tensor("fill", TensorProto.INT64, [1], [1])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Gather", ["shape", "one"], ["rows"], name="rows", axis=0),
+             helper.make_node("Unsqueeze", ["rows", "zero"], ["rows1"], name="rows1"),
+             helper.make_node("ConstantOfShape", ["rows1"], ["ones"], name="ones", value=one),
+             helper.make_node("NonZero", ["ones"], ["where"], name="where"),
+             helper.make_node("Reshape", ["where", "minus_one"], ["index"], name="index"),
+             helper.make_node("Gather", ["x", "index"], ["picked"], name="pick", axis=1),
+             helper.make_node("MatMul", ["picked", "W"], ["y"], name="proj")]
+    ints = [_ints("one", 1, scalar=True), _ints("zero", 0), _ints("minus_one", -1)]
+    return model(nodes, [fin("x", "batch", "seq", 32)], [fin("y", "batch", None, 64)], [weight("W", 32, 64), *ints])
+
+
+def test_an_arange_written_as_nonzero_is_sized():
+    """A Longformer exported with ``dynamo=False`` indexes its attention chunks so: 281 dims were
+    made up and its Einsums priced at ``--default-dim``; 3 are left."""
+    report = convert_onnx(_arange_gather(), dim_values={"batch": 4, "seq": 64})[1]
+    assert report.summary["gemm_flops"] == 2 * 4 * 64 * 32 * 64
+
+
+def test_an_einsum_is_priced_by_its_equation():
+    """The Longformer's chunked ``bcxd,bcyd->bcxy`` was priced from its operands' sizes: 1.93 MFLOP
+    of a true 0.20 MFLOP (``cost_model/flops.py``)."""
+    nodes = [helper.make_node("Einsum", ["q", "k"], ["scores"], name="scores", equation="bcxd,bcyd->bcxy")]
+    m = model(nodes, [fin("q", "batch", 3, 8, 16), fin("k", "batch", 3, 8, 16)], [fin("scores", "batch", 3, 8, 8)])
+    report = convert_onnx(m, dim_values={"batch": 32})[1]
+    assert {op["name"]: op["flops"] for op in report.ops}["scores"] == 2 * 32 * 3 * 8 * 8 * 16

@@ -20,6 +20,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
 from .inference import placeholder_names
+from .nonzero_ranges import nonzero_as_range
 from .shape_folding import fold_shape_values
 from .tensors import is_external
 
@@ -111,6 +112,7 @@ def _shape_model(light: ModelProto) -> ModelProto:
     graph.input.extend(shaped)
     graph.input.extend(_stripped_constants(graph))
     graph.input.extend(_weight_values(graph, {t.name for t in graph.initializer} | stripped))
+    nonzero_as_range(graph)
     # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
     # exporter-named dims) would pass for a result, and the emitted file carries these shapes
     del graph.value_info[:]
