@@ -14,6 +14,7 @@ docs/architecture.md, "Input handling".
 from __future__ import annotations
 
 import logging
+import math
 
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
@@ -90,11 +91,28 @@ def _symbolic_shapes(inference_class, model: ModelProto):
     unknown it saves ``sym_shape_infer_temp.onnx`` into the working directory and raises; here what
     it did infer is kept (the strict check in ``relate_dims`` vets it), and no file is written."""
     inference = inference_class(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    inference.dispatcher_.setdefault("Flatten", lambda node: _infer_flatten(inference, node))
     inference._preprocess(model)
     while inference.run_:
         inference._infer_impl()
     inference._update_output_from_vi()
     return inference
+
+
+def _infer_flatten(inference, node) -> None:
+    """``Flatten``'s two dims as products of its input's, which that inference has no rule for (it
+    named both anew: ``[batch, seq]`` flattened at axis 2, a TorchScript Longformer's mask, and a
+    projection after ``Flatten`` was priced at ``--default-dim`` rows)."""
+    from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
+
+    dims = inference._get_sympy_shape(node, 0)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    axis = axis + len(dims) if axis < 0 else axis
+    shape = [math.prod(dims[:axis]), math.prod(dims[axis:])]
+    inference._update_computed_dims(shape)
+    vi = inference.known_vi_[node.output[0]]
+    vi.CopyFrom(helper.make_tensor_value_info(node.output[0], vi.type.tensor_type.elem_type,
+                                              get_shape_from_sympy_shape(shape)))
 
 
 def _shape_model(light: ModelProto) -> ModelProto:

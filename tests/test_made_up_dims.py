@@ -1,5 +1,6 @@
-"""Shape inputs computed from static dims are folded before ONNX Runtime's inference sizes what
-reads them (``onnx_io/shape_folding.py``)."""
+"""Dims ONNX Runtime's symbolic inference used to make up in TorchScript exports are related to the
+inputs': folded shape inputs (``onnx_io/shape_folding.py``), an arange written as NonZero
+(``onnx_io/nonzero_ranges.py``), Flatten (``onnx_io/symbolic_dims.py``); and Einsum's FLOPs."""
 
 from __future__ import annotations
 
@@ -79,3 +80,13 @@ def test_an_einsum_is_priced_by_its_equation():
     m = model(nodes, [fin("q", "batch", 3, 8, 16), fin("k", "batch", 3, 8, 16)], [fin("scores", "batch", 3, 8, 8)])
     report = convert_onnx(m, dim_values={"batch": 32})[1]
     assert {op["name"]: op["flops"] for op in report.ops}["scores"] == 2 * 32 * 3 * 8 * 8 * 16
+
+
+def test_a_flatten_of_symbolic_dims_is_sized():
+    """ONNX Runtime's inference has no rule for Flatten and named both its dims anew: a projection of
+    ``[batch, seq, 16]`` flattened at axis 2 was priced at 64 rows of 2048 (256x under)."""
+    nodes = [helper.make_node("Flatten", ["x"], ["flat"], name="flatten", axis=2),
+             helper.make_node("MatMul", ["flat", "W"], ["y"], name="proj")]
+    m = model(nodes, [fin("x", "batch", "seq", 16)], [fin("y", None, 16)], [weight("W", 16, 16)])
+    report = convert_onnx(m, dim_values={"batch": 64, "seq": 32})[1]
+    assert report.summary["gemm_flops"] == 2 * (64 * 32) * 16 * 16
