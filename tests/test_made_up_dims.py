@@ -7,6 +7,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from amp_compiler import convert_onnx
+from amp_compiler.report.text import render_text
 
 from .builders import fin, model, weight
 
@@ -90,3 +91,20 @@ def test_a_flatten_of_symbolic_dims_is_sized():
     m = model(nodes, [fin("x", "batch", "seq", 16)], [fin("y", None, 16)], [weight("W", 16, 16)])
     report = convert_onnx(m, dim_values={"batch": 64, "seq": 32})[1]
     assert report.summary["gemm_flops"] == 2 * (64 * 32) * 16 * 16
+
+
+def test_gemms_sized_by_a_made_up_dim_are_said_whatever_the_plan():
+    """Rows picked by a NonZero of data are unknowable: the report says the GEMM's FLOPs are a guess
+    (before, only a plan left FP32 by cost named ``--default-dim``), and says nothing where every
+    dim a GEMM reads is the inputs'."""
+    nodes = [helper.make_node("NonZero", ["mask"], ["where"], name="where"),
+             helper.make_node("Reshape", ["where", "minus_one"], ["index"], name="index"),
+             helper.make_node("Gather", ["x", "index"], ["picked"], name="pick", axis=0),
+             helper.make_node("MatMul", ["picked", "W"], ["y"], name="proj")]
+    m = model(nodes, [fin("x", "batch", 32), fin("mask", "batch", dtype=TensorProto.BOOL)], [fin("y", None, 64)],
+              [weight("W", 32, 64), _ints("minus_one", -1)])
+    report = convert_onnx(m, dim_values={"batch": 16})[1]
+    line = report.summary["guessed_gemm_sizes"]
+    assert line.startswith("1 tensor-core ops (100% of GEMM/conv FLOPs)") and "sized 8" in line and "proj" in line
+    assert "! " + line[:40] in render_text(report)
+    assert "guessed_gemm_sizes" not in convert_onnx(_arange_gather(), dim_values={"batch": 4, "seq": 64})[1].summary
