@@ -1,16 +1,20 @@
-"""Fold the integer values a shape input reads where they are constants of the inputs' static dims.
+"""Fold the values a shape input is computed from where they are constants of the inputs' static dims.
 
 A TorchScript export computes ``F.pad``'s pads from ``Shape`` through ``Concat``, ``Reshape``,
 a reversing ``Slice``, ``Transpose`` and ``Cast``; ONNX Runtime's symbolic inference carries
 shape arithmetic through few of those, so the ``Pad`` after them got made-up dims: a Swin
 (``pixel_values [batch, 3, 64, 64]``) kept 50 dims sized ``--default-dim`` and every GEMM of
 its attention read them. Here each such value is evaluated from the ``Shape`` values that
-inference did size, once per two sizings of the declared dims; where both agree it is a
+inference did size, once per three sizings of the declared dims; where all agree it is a
 constant of the model and becomes an initializer of the shape model, and inference runs again.
+Parts count too: a MobileViT's unfold reshapes to ``batch * ceil(8 / 2.0)`` rows in floats, which
+that inference carries no value through; with the constant folded it writes ``4*batch``.
 docs/architecture.md, "Input handling".
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -21,11 +25,10 @@ from ..dims import DimSizes, names_in
 _SHAPE_INPUTS = {"Pad": (1,), "Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,),
                  "Range": (0, 1, 2), "Slice": (1, 2, 3, 4), "Resize": (3,), "Unsqueeze": (1,),
                  "Squeeze": (1,), "Split": (1,)}
-_INTS = {TensorProto.INT64, TensorProto.INT32}
 #: a cone bigger than this is not a shape computation worth evaluating
 _MOST_NODES = 200
-#: two sizings of the declared dims; a value equal under both does not depend on them
-_SIZINGS = (5, 7)
+#: the most elements a value of a shape computation has (a shape, pads, a scalar)
+_MOST_ELEMENTS = 64
 
 
 def fold_shape_values(model: ModelProto, known: dict, data: dict, declared: set[str]) -> int:
@@ -47,14 +50,21 @@ def fold_shape_values(model: ModelProto, known: dict, data: dict, declared: set[
         return 0
     in_cones = {id(n) for cone in cones.values() for n in cone}
     nodes = [n for n in graph.node if id(n) in in_cones]  # in graph order, which is topological
+    # every value of the cones, not only the wanted ones: a part that is a constant (MobileViT's
+    # patch count, through a float ceil) lets the inference carry ``batch * 4`` through the rest
+    outputs = [n.output[0] for n in nodes if n.op_type not in ("Shape", "Constant") and len(n.output) == 1]
     opsets = list(model.opset_import)
-    values = [_evaluate(nodes, sorted(cones), (known, declared, constants), opsets, size)
-              for size in _SIZINGS]
+    values = [_evaluate(nodes, outputs, (known, declared, constants), opsets, sizing) for sizing in _sizings(declared)]
     if any(v is None for v in values):
         return 0
-    folded = [name for name in sorted(cones) if _same(values[0][name], values[1][name])]
-    done = {name for name in folded if _fold(graph, producer[name], name, values[0][name])}
-    return len(done)
+    folded = [name for name in outputs if all(_same(values[0][name], v[name]) for v in values[1:])]
+    return sum(_fold(graph, producer[name], name, values[0][name]) for name in folded)
+
+
+def _sizings(declared: set[str]) -> list[dict[str, int]]:
+    """Three sizings of the declared dims, each dim apart from the others and of other parities and
+    residues (a window's ``(8 - seq % 8) % 8`` must differ between them)."""
+    return [{d: base + step * i for i, d in enumerate(sorted(declared))} for base, step in ((3, 4), (7, 9), (16, 1))]
 
 
 def _cone(name: str, producer: dict, constants: dict, known: dict, declared: set[str]) -> list[NodeProto] | None:
@@ -77,14 +87,18 @@ def _cone(name: str, producer: dict, constants: dict, known: dict, declared: set
                 return None
             continue
         if node.op_type != "Constant":
-            if any(_elem_type(known.get(o)) not in _INTS | {TensorProto.BOOL} for o in node.output if o):
-                return None
+            if not all(_small(known.get(o)) for o in node.output if o):
+                return None  # not a shape computation (a mask built from a shape)
             stack.extend(i for i in node.input if i)
     return list(cone.values())
 
 
-def _elem_type(vi) -> int:
-    return vi.type.tensor_type.elem_type if vi is not None else 0
+def _small(vi) -> bool:
+    """Whether inference gave ``vi`` a static shape of at most ``_MOST_ELEMENTS`` elements."""
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return False
+    dims = vi.type.tensor_type.shape.dim
+    return all(d.HasField("dim_value") for d in dims) and math.prod(d.dim_value for d in dims) <= _MOST_ELEMENTS
 
 
 def _shape_of(vi, declared: set[str]) -> list | None:
@@ -102,13 +116,14 @@ def _shape_of(vi, declared: set[str]) -> list | None:
     return dims
 
 
-def _evaluate(nodes: list[NodeProto], outputs: list[str], context: tuple, opsets: list, size: int) -> dict | None:
-    """The ``outputs`` of ``nodes`` with each declared dim sized ``size``; None if evaluation fails.
+def _evaluate(nodes: list[NodeProto], outputs: list[str], context: tuple, opsets: list,
+              sizing: dict[str, int]) -> dict | None:
+    """The ``outputs`` of ``nodes`` with the declared dims sized by ``sizing``; None if evaluation fails.
     ``context``: the value infos, the declared dims and the initializers, as ``fold_shape_values``'s."""
     from onnx.reference import ReferenceEvaluator
 
     known, declared, constants = context
-    sizes = DimSizes({d: size for d in declared}, size, declared)
+    sizes = DimSizes(sizing, 1, declared)
     body = []
     for node in nodes:
         if node.op_type == "Shape":
