@@ -36,29 +36,29 @@ def fold_shape_values(model: ModelProto, known: dict, data: dict, declared: set[
     on: ``known`` its value infos, ``data`` the values it evaluated) initializers where they are
     constants; returns how many were folded."""
     graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output if o}
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     constants = {t.name: t for t in graph.initializer}
-    wanted = {n.input[i] for n in graph.node for i in _SHAPE_INPUTS.get(n.op_type, ())
+    wanted = {n.input[i] for n in nodes for i in _SHAPE_INPUTS.get(n.op_type, ())
               if i < len(n.input) and n.input[i] and n.input[i] not in data and n.input[i] in producer
               and n.input[i] not in constants}
     cones = {}
     for name in sorted(wanted):
-        cone = _cone(name, producer, constants, known, declared)
+        cone = _cone(name, nodes, producer, (constants, known, declared))
         if cone is not None:
             cones[name] = cone
     if not cones:
         return 0
-    in_cones = {id(n) for cone in cones.values() for n in cone}
-    nodes = [n for n in graph.node if id(n) in in_cones]  # in graph order, which is topological
+    body = [nodes[i] for i in sorted(set().union(*cones.values()))]  # in graph order, which is topological
     # every value of the cones, not only the wanted ones: a part that is a constant (MobileViT's
     # patch count, through a float ceil) lets the inference carry ``batch * 4`` through the rest
-    outputs = [n.output[0] for n in nodes if n.op_type not in ("Shape", "Constant") and len(n.output) == 1]
+    outputs = [n.output[0] for n in body if n.op_type not in ("Shape", "Constant") and len(n.output) == 1]
     opsets = list(model.opset_import)
-    values = [_evaluate(nodes, outputs, (known, declared, constants), opsets, sizing) for sizing in _sizings(declared)]
+    values = [_evaluate(body, outputs, (known, declared, constants), opsets, sizing) for sizing in _sizings(declared)]
     if any(v is None for v in values):
         return 0
     folded = [name for name in outputs if all(_same(values[0][name], v[name]) for v in values[1:])]
-    return sum(_fold(graph, producer[name], name, values[0][name]) for name in folded)
+    return sum(_fold(graph, nodes[producer[name]], name, values[0][name]) for name in folded)
 
 
 def _sizings(declared: set[str]) -> list[dict[str, int]]:
@@ -67,21 +67,24 @@ def _sizings(declared: set[str]) -> list[dict[str, int]]:
     return [{d: base + step * i for i, d in enumerate(sorted(declared))} for base, step in ((3, 4), (7, 9), (16, 1))]
 
 
-def _cone(name: str, producer: dict, constants: dict, known: dict, declared: set[str]) -> list[NodeProto] | None:
-    """The integer nodes ``name`` is computed by, back to ``Shape`` nodes whose input inference
-    sized from declared dims, ``Constant`` nodes and initializers; None if it reads anything else."""
-    cone: dict[int, NodeProto] = {}
+def _cone(name: str, nodes: list[NodeProto], producer: dict[str, int], context: tuple) -> set[int] | None:
+    """The indices of the nodes ``name`` is computed by, back to ``Shape`` nodes whose input
+    inference sized from declared dims, ``Constant`` nodes and initializers; None if it reads anything
+    else. ``context``: the initializers, the value infos and the declared dims."""
+    constants, known, declared = context
+    cone: set[int] = set()
     stack = [name]
     while stack:
         value = stack.pop()
         if value in constants:
             continue
-        node = producer.get(value)
-        if node is None or len(cone) > _MOST_NODES:
+        index = producer.get(value)
+        if index is None or len(cone) > _MOST_NODES:
             return None  # a graph input: data the model reads, not a shape
-        if id(node) in cone:
+        if index in cone:
             continue
-        cone[id(node)] = node
+        cone.add(index)
+        node = nodes[index]
         if node.op_type == "Shape":
             if _shape_of(known.get(node.input[0]), declared) is None:
                 return None
@@ -90,7 +93,7 @@ def _cone(name: str, producer: dict, constants: dict, known: dict, declared: set
             if not all(_small(known.get(o)) for o in node.output if o):
                 return None  # not a shape computation (a mask built from a shape)
             stack.extend(i for i in node.input if i)
-    return list(cone.values())
+    return cone
 
 
 def _small(vi) -> bool:
