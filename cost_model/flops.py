@@ -116,7 +116,8 @@ def _einsum_by_equation(op: Op, graph: PrecisionGraph) -> float | None:
         shape = _shape(graph, name)
         if shape is None or len(shape) != len(term):
             return None
-        sizes.update(zip(term, shape))
+        for letter, size in zip(term, shape):  # a broadcast index is 1 in one operand
+            sizes[letter] = max(size, sizes.get(letter, 1))
     product = float(math.prod(sizes.values()))
     return 2.0 * product if len(inputs) > 1 else product
 

@@ -135,3 +135,10 @@ def test_a_constant_part_of_a_shape_computed_in_floats_is_folded():
     ``dynamo=False`` kept 165 made-up dims after its first unfold (75 GEMMs, 14% of the FLOPs)."""
     report = convert_onnx(_patches(), dim_values={"batch": 4})[1]
     assert report.summary["gemm_flops"] == 2 * (4 * 4) * 16 * 32 * 16
+
+
+def test_an_einsum_index_broadcast_in_one_operand_takes_the_larger_size():
+    nodes = [helper.make_node("Einsum", ["a", "b"], ["c"], name="mix", equation="bij,bjk->bik")]
+    m = model(nodes, [fin("a", "batch", 8, 16), fin("b", 1, 16, 4)], [fin("c", "batch", 8, 4)])
+    report = convert_onnx(m, dim_values={"batch": 32})[1]
+    assert {op["name"]: op["flops"] for op in report.ops}["mix"] == 2 * 32 * 8 * 16 * 4
