@@ -92,6 +92,7 @@ def _symbolic_shapes(inference_class, model: ModelProto):
     it did infer is kept (the strict check in ``relate_dims`` vets it), and no file is written."""
     inference = inference_class(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
     inference.dispatcher_.setdefault("Flatten", lambda node: _infer_flatten(inference, node))
+    inference.dispatcher_.setdefault("Mod", lambda node: _infer_mod(inference, node))
     inference._preprocess(model)
     while inference.run_:
         inference._infer_impl()
@@ -113,6 +114,16 @@ def _infer_flatten(inference, node) -> None:
     vi = inference.known_vi_[node.output[0]]
     vi.CopyFrom(helper.make_tensor_value_info(node.output[0], vi.type.tensor_type.elem_type,
                                               get_shape_from_sympy_shape(shape)))
+
+
+def _infer_mod(inference, node) -> None:
+    """An integer ``Mod``'s value (``fmod=0``: the divisor's sign, sympy's ``Mod``), which that
+    inference does not carry: a window's ``(8 - seq % 8) % 8`` padding, a TorchScript Swin's or
+    Longformer's, left what it pads sized ``--default-dim`` where ``seq`` is dynamic."""
+    if not any(a.name == "fmod" and a.i for a in node.attribute):
+        import sympy
+
+        inference._compute_on_sympy_data(node, lambda values: sympy.Mod(values[0], values[1]))
 
 
 def _shape_model(light: ModelProto) -> ModelProto:
