@@ -46,7 +46,7 @@ def _padded_projection(rows=6):
 def test_a_pad_computed_from_static_dims_is_sized():
     """A Swin exported with ``dynamo=False`` pads to its window this way: ONNX Runtime's inference
     gave the Pad made-up dims, and 13 of its 17 MatMuls were priced at ``--default-dim`` (87.8 MFLOP
-    of 121.7 at batch 8)."""
+    of 121.7 at batch 8). Folding fixed it first; the ``Mod`` rule alone does too."""
     report = convert_onnx(_padded_projection(), dim_values={"batch": 4})[1]
     assert report.summary["gemm_flops"] == 2 * 4 * 16 * 32 * 64
 

@@ -1,14 +1,13 @@
 """Fold the values a shape input is computed from where they are constants of the inputs' static dims.
 
-A TorchScript export computes ``F.pad``'s pads from ``Shape`` through ``Concat``, ``Reshape``,
-a reversing ``Slice``, ``Transpose`` and ``Cast``; ONNX Runtime's symbolic inference carries
-shape arithmetic through few of those, so the ``Pad`` after them got made-up dims: a Swin
-(``pixel_values [batch, 3, 64, 64]``) kept 50 dims sized ``--default-dim`` and every GEMM of
-its attention read them. Here each such value is evaluated from the ``Shape`` values that
-inference did size, once per three sizings of the declared dims; where all agree it is a
-constant of the model and becomes an initializer of the shape model, and inference runs again.
-Parts count too: a MobileViT's unfold reshapes to ``batch * ceil(8 / 2.0)`` rows in floats, which
-that inference carries no value through; with the constant folded it writes ``4*batch``.
+ONNX Runtime's symbolic inference carries shape arithmetic through few ops: a MobileViT exported
+with ``dynamo=False`` reshapes to ``batch * int(ceil(8 / 2.0))`` rows, in floats, and 165 dims
+after its first unfold were made up, 75 GEMMs priced at ``--default-dim``. Here each shape
+input it left unevaluated, and every small value that one is computed from, is evaluated from the
+``Shape`` values inference did size, once per three sizings of the declared dims; where all agree
+it is a constant of the model and becomes an initializer of the shape model, and inference runs
+again (it writes ``4*batch`` then). A TorchScript Swin's window ``Pad`` (pads through ``Mod``,
+``Reshape``, a reversing ``Slice``) was the first case; ``symbolic_dims`` now carries ``Mod`` too.
 docs/architecture.md, "Input handling".
 """
 
