@@ -85,6 +85,7 @@ def build_report(result: PlanResult) -> Report:
         **_plan_fields(result),
         **_saturated(result),
         **_nothing_to_do(result),
+        **_guessed_gemm_sizes(graph, ops, gemm_flops),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -128,6 +129,26 @@ def _nothing_to_do(result: PlanResult) -> dict[str, Any]:
     earlier = sum("kept FP32 by the amp-compiler run" in (op.reason or "") for op in ops)
     kept = f", {earlier} kept FP32 by the run that converted it" if earlier else ""
     return {"nothing_to_do": f"nothing to do: {low} ops already {_low_name(ops)}{kept}; no op or cast changes"}
+
+
+def _guessed_gemm_sizes(graph: PrecisionGraph, ops: list[dict], gemm_flops: float) -> dict[str, Any]:
+    """``guessed_gemm_sizes``: one line when tensor-core ops read a dim that no input declares (a
+    symbol shape inference made up, sized ``--default-dim`` whatever ``--dim`` says), so their
+    FLOPs are a guess whatever the plan; a TorchScript Swin all FP16 had said nothing of its 13
+    MatMuls priced so."""
+    sizes = graph.dim_values()
+
+    def made_up(name: str) -> bool:
+        shape = graph.tensors[name].shape if name in graph.tensors else None
+        return any(isinstance(d, str) and sizes.unsized(d) - sizes.declared for d in shape or ())
+
+    guessed = [o for o in ops if graph.ops[o["name"]].tensor_core and any(made_up(t) for t in o["inputs"])]
+    if not guessed:
+        return {}
+    share = sum(o["flops"] for o in guessed) / gemm_flops if gemm_flops else 0.0
+    return {"guessed_gemm_sizes": f"{len(guessed)} tensor-core ops ({share:.0%} of GEMM/conv FLOPs) read dims no "
+                                  f"input declares, sized {graph.default_dim()} (--default-dim): their FLOPs are a "
+                                  f"guess (first: {guessed[0]['name']})"}
 
 
 def _low_name(ops) -> str:

@@ -88,11 +88,38 @@ def _attention(op: Op, graph: PrecisionGraph) -> float:
 
 
 def _einsum(op: Op, graph: PrecisionGraph) -> float:
-    # Upper bound without parsing the equation: product of all distinct input sizes' sqrt.
+    """Twice the product of the equation's index sizes (one multiply-add per index combination);
+    without a readable equation, an upper bound from the operands' sizes (a Longformer's chunked
+    ``bcxd,bcyd->bcxy`` was priced 10x over so)."""
+    exact = _einsum_by_equation(op, graph)
+    if exact is not None:
+        return exact
     sizes = [_numel(graph, i) for i in op.inputs if i]
     if len(sizes) < 2:
         return float(_out_numel(op, graph))
     return 2.0 * math.sqrt(float(sizes[0]) * sizes[1] * max(_out_numel(op, graph), 1))
+
+
+def _einsum_by_equation(op: Op, graph: PrecisionGraph) -> float | None:
+    """``_einsum`` from the ``equation`` attribute; None where there is none, it has an ellipsis,
+    or an operand's shape is unknown or of another rank."""
+    equation = op.attrs.get("equation")
+    equation = equation.decode() if isinstance(equation, bytes) else equation
+    if not isinstance(equation, str) or "." in equation:
+        return None
+    terms = equation.replace(" ", "").split("->")[0].split(",")
+    inputs = [i for i in op.inputs if i]
+    if len(terms) != len(inputs):
+        return None
+    sizes: dict[str, int] = {}
+    for term, name in zip(terms, inputs):
+        shape = _shape(graph, name)
+        if shape is None or len(shape) != len(term):
+            return None
+        for letter, size in zip(term, shape):  # a broadcast index is 1 in one operand
+            sizes[letter] = max(size, sizes.get(letter, 1))
+    product = float(math.prod(sizes.values()))
+    return 2.0 * product if len(inputs) > 1 else product
 
 
 def _rnn(op: Op, graph: PrecisionGraph) -> float:

@@ -14,12 +14,15 @@ docs/architecture.md, "Input handling".
 from __future__ import annotations
 
 import logging
+import math
 
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
 from .inference import placeholder_names
+from .nonzero_ranges import nonzero_as_range
+from .shape_folding import fold_shape_values
 from .tensors import is_external
 
 
@@ -48,6 +51,8 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -
     if inferred is None:
         return 0
     related = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    related.update((t.name, helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+                   for t in inferred.graph.initializer if t.name not in related)  # a folded shape value
     declared = _dims(light.graph.input)
     adopted = ModelProto()
     adopted.CopyFrom(light)
@@ -70,23 +75,55 @@ def symbolic_model(light: ModelProto) -> ModelProto | None:
     logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
     try:
-        return _symbolic_shapes(SymbolicShapeInference, _shape_model(light))
+        model = _shape_model(light)
+        inference = _symbolic_shapes(SymbolicShapeInference, model)
+        if fold_shape_values(model, inference.known_vi_, inference.sympy_data_, _dims(light.graph.input)):
+            inference = _symbolic_shapes(SymbolicShapeInference, model)  # once more, with the pads known
+        return inference.out_mp_
     except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
         return None
     finally:
         logger.level = level
 
 
-def _symbolic_shapes(inference_class, model: ModelProto) -> ModelProto:
+def _symbolic_shapes(inference_class, model: ModelProto):
     """``SymbolicShapeInference.infer_shapes`` without its side effect: where some shape stays
     unknown it saves ``sym_shape_infer_temp.onnx`` into the working directory and raises; here what
     it did infer is kept (the strict check in ``relate_dims`` vets it), and no file is written."""
     inference = inference_class(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    inference.dispatcher_.setdefault("Flatten", lambda node: _infer_flatten(inference, node))
+    inference.dispatcher_.setdefault("Mod", lambda node: _infer_mod(inference, node))
     inference._preprocess(model)
     while inference.run_:
         inference._infer_impl()
     inference._update_output_from_vi()
-    return inference.out_mp_
+    return inference
+
+
+def _infer_flatten(inference, node) -> None:
+    """``Flatten``'s two dims as products of its input's, which that inference has no rule for (it
+    named both anew: ``[batch, seq]`` flattened at axis 2, a TorchScript Longformer's mask, and a
+    projection after ``Flatten`` was priced at ``--default-dim`` rows)."""
+    from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
+
+    dims = inference._get_sympy_shape(node, 0)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    axis = axis + len(dims) if axis < 0 else axis
+    shape = [math.prod(dims[:axis]), math.prod(dims[axis:])]
+    inference._update_computed_dims(shape)
+    vi = inference.known_vi_[node.output[0]]
+    vi.CopyFrom(helper.make_tensor_value_info(node.output[0], vi.type.tensor_type.elem_type,
+                                              get_shape_from_sympy_shape(shape)))
+
+
+def _infer_mod(inference, node) -> None:
+    """An integer ``Mod``'s value (``fmod=0``: the divisor's sign, sympy's ``Mod``), which that
+    inference does not carry: a window's ``(8 - seq % 8) % 8`` padding, a TorchScript Swin's or
+    Longformer's, left what it pads sized ``--default-dim`` where ``seq`` is dynamic."""
+    if not any(a.name == "fmod" and a.i for a in node.attribute):
+        import sympy
+
+        inference._compute_on_sympy_data(node, lambda values: sympy.Mod(values[0], values[1]))
 
 
 def _shape_model(light: ModelProto) -> ModelProto:
@@ -104,6 +141,7 @@ def _shape_model(light: ModelProto) -> ModelProto:
     graph.input.extend(shaped)
     graph.input.extend(_stripped_constants(graph))
     graph.input.extend(_weight_values(graph, {t.name for t in graph.initializer} | stripped))
+    nonzero_as_range(graph)
     # shapes are worked out from the inputs alone: a stale declared one (value_info, an output's
     # exporter-named dims) would pass for a result, and the emitted file carries these shapes
     del graph.value_info[:]

@@ -30,6 +30,8 @@ def render_text(report, max_rows: int | None = 60) -> str:
         out.append(trunc_end("! " + clean(s["nothing_to_do"]), W))
     if s.get("exported_in_training"):  # Dropout/BatchNormalization left in training mode by the export
         out.append(trunc_end("! " + clean(s["exported_in_training"]), W))
+    if s.get("guessed_gemm_sizes"):  # GEMMs read dims shape inference made up (sized --default-dim)
+        out.append(trunc_end("! " + clean(s["guessed_gemm_sizes"]), W))
     for line in (s.get("fp32_tensor_core_why") or "").splitlines():  # why GEMM/conv work stayed FP32
         out.append(trunc_end("! " + clean(line), W))
     out.append(trunc_end(
