@@ -252,7 +252,7 @@ class AmpModule(torch.nn.Module):
         self.__dict__["_last"] = plan
         if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
                 any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
-            self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})")
+            self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})", stacklevel=5)
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
