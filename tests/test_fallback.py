@@ -56,6 +56,10 @@ def test_fallback_finds_ops_of_nodes_without_names():
     precision = {o["op_type"]: o["precision"] for o in converted.report.ops if o["op_type"] != "MatMul"}
     assert moved and precision["Add"] == "float32"
     assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
+    # default options: whatever the cost model plans, the result holds the tolerance
+    converted, _ = convert_with_fallback(functools.partial(convert_onnx, m), m, feeds, tolerance=1e-2,
+                                         runner=run_reference)
+    assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
 
 
 def test_fallback_gives_up_with_a_clear_error_when_out_of_rounds():

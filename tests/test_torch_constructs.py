@@ -272,12 +272,13 @@ class _DropBN(nn.Module):
         return self.down(self.drop(torch.relu(self.bn(self.up(x)))))
 
 
-def test_the_compiled_module_follows_train_and_eval_mode():
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])  # FP16 GEMMs at this size, and the default
+def test_the_compiled_module_follows_train_and_eval_mode(planner):
     """Evaluation after training on one AmpModule: ``am.eval()`` (it had raised) and the model's own
     ``model.train()``/``eval()`` (the captured mode had run silently: dropout and statistic updates at
     evaluation) each run that mode's plan, the other mode's captured on its first call."""
     model, x = _seeded(_DropBN).train(), torch.randn(32, 64)
-    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy")
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner=planner)
     compiled(x).sum().backward()  # train mode: statistics move, gradients reach the FP32 weights
     assert model.bn.num_batches_tracked.item() == 1 and model.up.weight.grad is not None
     compiled.eval()
@@ -299,12 +300,13 @@ def test_the_compiled_module_follows_train_and_eval_mode():
 
 
 
-def test_a_parameter_unfrozen_after_compiling_gets_its_gradient():
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_a_parameter_unfrozen_after_compiling_gets_its_gradient(planner):
     """A train-mode plan folds a frozen layer's weights into an FP16 constant; unfreezing the layer
     (``requires_grad_(True)`` at epoch 2) plans again, so its gradient reaches it (it had stayed None)."""
     model, x = _seeded(_DropBN).eval(), torch.randn(32, 64)
     model.up.requires_grad_(False)
-    compiled = amp_compiler.compile(model, x, target=TARGET, planner="greedy", training=True)
+    compiled = amp_compiler.compile(model, x, target=TARGET, planner=planner, training=True)
     compiled(x).sum().backward()
     assert model.up.weight.grad is None and model.down.weight.grad is not None
     model.up.requires_grad_(True)
@@ -336,11 +338,12 @@ def test_forward_hooks_of_the_model_are_warned_about_and_the_compiled_modules_fi
 
 
 
-def test_planned_under_inference_mode_then_loaded_outside_it():
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_planned_under_inference_mode_then_loaded_outside_it(planner):
     """A serving process's first call under ``torch.inference_mode()`` made the folded FP16 copies
     inference tensors: a later ``load_state_dict`` made the next call fail recasting them."""
     model, x = _seeded(lambda: Block(64)).eval(), torch.randn(8, 64)
-    compiled = amp_compiler.compile(model, target=TARGET, planner="greedy")
+    compiled = amp_compiler.compile(model, target=TARGET, planner=planner)
     with torch.inference_mode():
         compiled(x)
     assert _fp16_gemms(compiled.report)

@@ -64,7 +64,8 @@ def test_frozen_parameters_get_no_gradient_state_or_update():
 
 
 
-def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])  # the frozen GEMM folded FP16; the default
+def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on(planner):
     """Resuming: a fresh model compiled, then a checkpoint loaded. The frozen layer's FP16 copy made at
     capture is recast from the loaded weights (it had stayed at the random init: a silently wrong loss)."""
     checkpoint = _mlp(frozen_first=True)
@@ -75,7 +76,7 @@ def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
     opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
     opt_c = torch.optim.AdamW(captured.parameters(), lr=1e-2)
     x, y = _data()
-    step = _compile(captured, opt_c, (x, y), planner="greedy")  # the frozen GEMM folded FP16
+    step = _compile(captured, opt_c, (x, y), planner=planner)
     eager.load_state_dict(checkpoint.state_dict())
     captured.load_state_dict(checkpoint.state_dict())
     for _ in range(2):
@@ -87,7 +88,8 @@ def test_frozen_parameters_loaded_after_compiling_are_the_ones_trained_on():
 
 
 @pytest.mark.filterwarnings("ignore:compile_training. capturing", "ignore:compile_training. the plan runs")
-def test_a_step_survives_torch_save_and_continues_identically():
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_a_step_survives_torch_save_and_continues_identically(planner):
     """``torch.save`` of the whole step (model, optimizer and scaler with it): with a frozen layer folded
     FP16 it had failed to load ('_CodeOnlyModule' has no attribute '_amp_folded...'), and after a symbolic
     capture (batches of several sizes) to save (a local shape-guard function); captures are made again."""
@@ -95,7 +97,7 @@ def test_a_step_survives_torch_save_and_continues_identically():
 
     model = _mlp(frozen_first=True)
     x, y = _data()
-    step = _compile(model, torch.optim.AdamW(model.parameters(), lr=1e-2), (x, y), planner="greedy")
+    step = _compile(model, torch.optim.AdamW(model.parameters(), lr=1e-2), (x, y), planner=planner)
     for n in (64, 48, 40):  # the third size is traced symbolic
         step(x[:n], y[:n])
     assert any(c.accepts is not None for c in step._captures.values())  # noqa: SLF001

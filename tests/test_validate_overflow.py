@@ -182,3 +182,18 @@ def test_an_input_beyond_65504_overflows_in_its_cast_to_fp16(tmp_path):
     status, _, report = _convert(tmp_path, m, "--planner", "all", "--inputs", str(feeds))
     assert status == 1
     assert [(r["name"], r["writer"]) for r in report["validation"]["overflows"] if r["origin"]] == [("x", "x_cast_fp16")]
+
+
+def test_default_options_on_the_overflowing_ffn(tmp_path):
+    """The cases above force every op FP16 (--planner all); with default options the cost model
+    chooses, and validation and the fallback hold whatever it chose: an FP16 ``wo`` is caught (status 1,
+    its value named), an FP32 one passes; --fallback always ends within tolerance and with no overflow."""
+    m = _ffn([helper.make_node("Mul", ["o", "c"], ["y"], name="scale")], c=1e-3)
+    status, _, report = _convert(tmp_path, m)
+    wo = {op["name"]: op["precision"] for op in report["ops"]}["wo"]
+    overflows = report["validation"]["overflows"]
+    assert (status, [r["writer"] for r in overflows]) == ((1, ["wo"]) if wo == "float16" else (0, []))
+    for node in m.graph.node:
+        node.name = ""  # and unnamed
+    status, _, report = _convert(tmp_path, m, "--fallback")
+    assert status == 0 and report["validation"]["overflows"] == []
