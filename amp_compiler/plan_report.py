@@ -137,10 +137,17 @@ def _guessed_gemm_sizes(graph: PrecisionGraph, ops: list[dict], gemm_flops: floa
     FLOPs are a guess whatever the plan; a TorchScript Swin all FP16 had said nothing of its 13
     MatMuls priced so."""
     sizes = graph.dim_values()
+    verdicts: dict[str, bool] = {}  # per symbol: a 100k-node graph repeats a handful of them
+
+    def made_up_dim(d: str) -> bool:
+        verdict = verdicts.get(d)
+        if verdict is None:
+            verdict = verdicts[d] = bool(sizes.unsized(d) - sizes.declared)
+        return verdict
 
     def made_up(name: str) -> bool:
         shape = graph.tensors[name].shape if name in graph.tensors else None
-        return any(isinstance(d, str) and sizes.unsized(d) - sizes.declared for d in shape or ())
+        return any(isinstance(d, str) and made_up_dim(d) for d in shape or ())
 
     guessed = [o for o in ops if graph.ops[o["name"]].tensor_core and any(made_up(t) for t in o["inputs"])]
     if not guessed:

@@ -92,9 +92,12 @@ def earlier_fp32(model: ModelProto) -> dict[str, str]:
     FP32 (inserted casts aside): a second run keeps those decisions instead of re-planning them."""
     found = {}
     for node in model.graph.node:
-        fields = {p.key[len(PREFIX):]: p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
-        if not fields and _DOC_TAG in node.doc_string:
-            line = next(li for li in node.doc_string.splitlines() if li.startswith(_DOC_TAG))
+        props, doc = node.metadata_props, node.doc_string  # most nodes have neither: nothing built for them
+        if not props and not doc:
+            continue
+        fields = {p.key[len(PREFIX):]: p.value for p in props if p.key.startswith(PREFIX)}
+        if not fields and _DOC_TAG in doc:
+            line = next(li for li in doc.splitlines() if li.startswith(_DOC_TAG))
             fields = dict(f.split("=", 1) for f in line[len(_DOC_TAG):].split("; ") if "=" in f)
         if node.name and fields.get("precision") == "float32" and fields.get("class") != "inserted cast":
             found[node.name] = fields.get("reason", "").split(": ", 1)[-1]

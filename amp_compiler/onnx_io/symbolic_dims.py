@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Iterable
 
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
@@ -33,19 +34,26 @@ def unrelated_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]
     return found - _dims(light.graph.input)
 
 
-def _unshaped(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> bool:
-    """Whether a main-graph value has no shape (onnx could not tell its rank)."""
-    return any(types.get(o, (0, None))[1] is None for n in light.graph.node for o in n.output if o)
+def _unshaped(light: ModelProto, types: dict[str, tuple[int, tuple | None]],
+              outputs: Iterable[str] | None = None) -> bool:
+    """Whether a main-graph value has no shape (onnx could not tell its rank). ``outputs``: the
+    main graph's node outputs where the caller read them already (a walk of 100k protobuf nodes
+    costs more than the test)."""
+    names = (o for n in light.graph.node for o in n.output) if outputs is None else outputs
+    unknown = (0, None)
+    return any(types.get(o, unknown)[1] is None for o in names if o)
 
 
 def _dims(values) -> set[str]:
     return {d.dim_param for vi in values for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
-def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]]) -> int:
+def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]],
+                outputs: Iterable[str] | None = None) -> int:
     """Rewrite ``light``'s value shapes with ONNX Runtime's related dims where onnx's are
-    unrelated symbols or unknown; returns how many values changed (0 when nothing was to do)."""
-    if not unrelated_dims(light, types) and not _unshaped(light, types):
+    unrelated symbols or unknown; returns how many values changed (0 when nothing was to do).
+    ``outputs`` as for ``_unshaped``."""
+    if not unrelated_dims(light, types) and not _unshaped(light, types, outputs):
         return 0
     inferred = symbolic_model(light)
     if inferred is None:

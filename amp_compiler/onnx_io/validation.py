@@ -56,7 +56,8 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     types = inferred_types(light, nested)
     # symbols a Reshape made up, written as arithmetic of the inputs' dims; not where declared shapes
     # disagree with inference (the emitted file would carry shapes the model's own contradict)
-    if consistent and relate_dims(light, types):
+    outputs = None if main_rows is None else (o for row in main_rows for o in row[1])
+    if consistent and relate_dims(light, types, outputs):
         types = inferred_types(light, nested)
     return types
 
