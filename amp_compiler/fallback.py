@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from onnx import ModelProto
 
-from .dtypes import LOW_PRECISION
+from .dtypes import LOW_PRECISION, short
 from .errors import ConversionError
 from .metrics import max_rel_error, rel_error
 from .onnx_io.probe import run_exposed
@@ -59,10 +59,15 @@ def original_nodes(original: ModelProto, report) -> dict[str, Any]:
     may have no name: the importer names it ``<op_type>_<index>``, and matching by node name had
     found none, so the fallback moved nothing)."""
     by_output = {t: n for n in original.graph.node for t in n.output if t}
+    # the importer's name for each node (``onnx_io/importer.py``): an op whose output the emitter
+    # renamed (an FP16 MatMul feeding a graph output kept FP32 writes ``y_fp16``) is found by it
+    by_name = {n.name or f"{n.op_type}_{idx}": n for idx, n in enumerate(original.graph.node)}
     found = {}
     for op in report.ops:
-        node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None)
-        if node is not None and not op.get("scope"):
+        if op.get("scope"):
+            continue
+        node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None) or by_name.get(op["name"])
+        if node is not None:
             found[op["name"]] = node
     return found
 
@@ -101,6 +106,7 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
     for round_ in range(max_rounds + 1):
         result = convert(deny_nodes=denied)  # first: a malformed model gets the importer's error, not ORT's
         converted, report = result.model, result.report
+        name16 = short(report.summary.get("dtype") or "float16").upper()  # FP16 or BF16
         if expected is None:
             expected = runner(original, feeds, label="the FP32 model")
         worst, rows = _check(original, converted, feeds, runner, expected)
@@ -108,11 +114,11 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
         plan_name = {op["name"][len(op["scope"]) + 1:]: op["name"] for op in report.ops if op.get("scope")}
         plan_name.update((op["name"], op["name"]) for op in report.ops if not op.get("scope"))
         writer_of = {t: op["name"] for op in report.ops for t in op.get("outputs") or ()}  # unnamed nodes too
-        overflowing = {name: f"fallback: its FP16 value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
+        overflowing = {name: f"fallback: its {name16} value overflows ({r['fp32_peak']:.3g} in the FP32 run)"
                        for r in rows for name in _planned_writers(converted, r, plan_name, writer_of)}
         overflowing = {name: why for name, why in overflowing.items() if name not in denied}
         if progress:
-            progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(rows)} overflowing FP16 "
+            progress(f"fallback round {round_}: max rel error {worst:.3g}, {len(rows)} overflowing {name16} "
                      f"values, with {len(moved)} ops moved to FP32")
         if worst <= tolerance and not rows:
             report.data["fallback"] = {"moved_to_fp32": moved, "rounds": round_, "max_rel_error": worst,
@@ -127,13 +133,13 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
         low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
         step = _with_low_producers(candidates if overflowing else candidates[:take], original_nodes(original, report),
                                    low - set(denied))
-        why = ("fallback: writes an input of an op whose FP16 value overflows" if overflowing
-               else f"fallback: FP16 here added error beyond the {tolerance:g} budget")
+        why = (f"fallback: writes an input of an op whose {name16} value overflows" if overflowing
+               else f"fallback: {name16} here added error beyond the {tolerance:g} budget")
         denied.update((name, overflowing.get(name, why)) for name in step)
         moved += step
         if not overflowing:
             take *= 2
-    left = f" and {len(rows)} FP16 values overflow" if rows else ""
+    left = f" and {len(rows)} {name16} values overflow" if rows else ""
     raise ConversionError("", "validation", f"max relative error {worst:.3g}{left}: stays above the tolerance "
                                             f"{tolerance:g} after moving {len(moved)} ops to FP32")
 

@@ -62,6 +62,20 @@ def test_fallback_finds_ops_of_nodes_without_names():
     assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
 
 
+def test_fallback_moves_the_op_writing_a_graph_output_kept_fp32():
+    """The op writing a graph output kept FP32 (an LM head) writes a renamed value (``y_fp16``, cast
+    to ``y``): matched by its outputs alone it was never ranked, and a tight tolerance stopped with
+    "stays above the tolerance" after moving every other op."""
+    m = _cancellation()
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
+    for options in ({}, {"planner": "all"}):  # default options first
+        convert = functools.partial(convert_onnx, m, **options)
+        converted, moved = convert_with_fallback(convert, m, feeds, tolerance=1e-6, runner=run_reference)
+        precision = {o["name"]: o["precision"] for o in converted.report.ops}
+        assert precision["mm2"] == "float32"
+        assert converted.report.data["fallback"]["max_rel_error"] <= 1e-6
+
+
 def test_fallback_gives_up_with_a_clear_error_when_out_of_rounds():
     m = _cancellation()
     feeds = {"x": np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)}
