@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "output is within --tolerance (exit 2 if it cannot get there); implies --validate")
     p.add_argument("--runtime", default="ort", choices=["ort", "reference"],
                    help="what --validate/--fallback run the models on: ort (ONNX Runtime CPU, default; it runs "
-                        "FP16 ops without a CPU kernel in FP32) or reference (onnx.reference: rounds every op "
+                        "FP16 ops without a CPU kernel in FP32, and BF16 plans with BF16 storage emulated) or reference (onnx.reference: rounds every op "
                         "to FP16 as a GPU would; slow, for small models)")
     p.add_argument("--inputs", metavar="FILE.npz",
                    help="inputs for --validate, --fallback and --calibrate (default: seeded inputs drawn as the "
@@ -345,6 +345,8 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
     else:
         result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args), low=_low(args))
     report.data["validation"] = result
+    if result.get("emulation") and not args.quiet:
+        print(f"  {result['emulation']}", file=sys.stderr)
     for row in [] if args.quiet else result["outputs"]:
         print(f"  {row['name']}: max abs error {row['max_abs_error']:.3g}, "
               f"max rel error {row['max_rel_error']:.3g}" + (f"; {row['note']}" if "note" in row else ""),

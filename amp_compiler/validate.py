@@ -11,6 +11,7 @@ from onnx import ModelProto
 
 from .errors import ConversionError
 from .metrics import error_stats
+from .onnx_io.bf16_emulation import declares_bf16
 from .overflow import probed_runs, runnable
 
 
@@ -89,20 +90,28 @@ def onnxruntime():
 
 
 def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=None, *,
-              label: str = "model", data_dir: str | None = None) -> list[np.ndarray]:
+              label: str = "model", data_dir: str | None = None, bf16_file: bool = False) -> list[np.ndarray]:
     """Run ``model`` on ONNX Runtime (the CPU provider without ``CPU_DISABLED_OPTIMIZERS``); a load or
     run failure is a ``ConversionError`` naming ``label`` (a load failure's reason starts "cannot load
     it"). ``data_dir``: the folder a ``ModelProto``'s external data lies in (read there by ONNX
     Runtime, never loaded into the proto). A model whose constants lie in external files, as
     ``onnx.save(..., size_threshold=0)`` writes, is loaded whole and handed over in memory where
-    ORT's own loader cannot read a shape input from one."""
+    ORT's own loader cannot read a shape input from one. A model storing values in BF16 (with
+    ``bf16_file``, a file too) runs on the CPU provider with BF16 emulated, which has no BF16
+    kernels (``onnx_io/bf16_emulation.py``)."""
     ort = onnxruntime()
+    providers = providers or ["CPUExecutionProvider"]
+    disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
+    if providers == ["CPUExecutionProvider"]:
+        from .onnx_io.bf16_emulation import FUSIONS_OFF, for_cpu
+
+        emulated = for_cpu(model, data_dir, always=bf16_file)
+        if emulated is not None:
+            (model, data_dir), disabled = emulated, disabled + FUSIONS_OFF
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
     if data_dir is not None:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
-    providers = providers or ["CPUExecutionProvider"]
-    disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
     payload = model if isinstance(model, str) else model.SerializeToString()
     try:
         try:
@@ -199,6 +208,11 @@ def _constant(value) -> bool:
     return a.size > 1 and np.issubdtype(a.dtype, np.number) and bool(np.all(a == a.flat[0]))
 
 
+#: how a BF16 model ran on the CPU provider (``onnx_io/bf16_emulation.py``), for the report
+BF16_EMULATION = ("bfloat16 emulated on ONNX Runtime's CPU provider (it has no BF16 kernels): each op computes in "
+                  "FP32 and every value stored in BF16 is rounded to BF16, as on a GPU")
+
+
 def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dict[str, np.ndarray],
              tolerance: float = 1e-2, runner=run_model, low: str | None = None) -> dict[str, Any]:
     """Run both models on ``feeds``; the result goes into the report's ``validation`` section.
@@ -211,6 +225,8 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
     probed = _probed_pair(original, converted, runner) if low == "float16" else None
+    emulated = low == "bfloat16" and runner is run_model and declares_bf16(converted)  # no BF16 kernels on CPU
+    converted_runner = functools.partial(run_model, bf16_file=True) if emulated else runner
     outputs, overflows = [], []
     for label, variant in branch_feeds(graph, feeds):
         if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
@@ -220,7 +236,7 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
             overflows += [{**row, "name": row["name"] + label} for row in rows]
         else:
             expected = runner(original, variant, label="the FP32 model")
-            actual = runner(converted, _as_declared(converted, variant), label="the converted model")
+            actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
@@ -228,6 +244,8 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
               "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}
     if probed is not None:
         result["overflows"] = overflows
+    if emulated:
+        result["emulation"] = BF16_EMULATION
     return result
 
 

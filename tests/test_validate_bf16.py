@@ -1,0 +1,132 @@
+"""``--dtype bf16 --validate`` on ONNX Runtime's CPU provider, which has no BF16 kernels.
+
+The converted model runs with BF16 storage emulated (``amp_compiler/onnx_io/bf16_emulation.py``):
+every op in FP32, every BF16 value rounded to BF16. Before, validation failed at session creation
+("Could not find an implementation for Add(14)") on every BF16 plan.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler import convert_onnx
+from amp_compiler.cli import main
+from amp_compiler.onnx_io.bf16_emulation import declares_bf16
+from amp_compiler.validate import run_model
+
+from .builders import fin, model, weight
+from .test_ort_fusions import _norm
+
+BF16 = TensorProto.BFLOAT16
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to BF16 (nearest even), back in FP32."""
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _bf16_tensor(name: str, a: np.ndarray) -> TensorProto:
+    return helper.make_tensor(name, BF16, a.shape, np.asarray(a, np.float32).ravel().tolist())  # rounded by onnx
+
+
+def test_a_bf16_graph_runs_on_the_cpu_provider_rounding_every_stored_value():
+    """Input, weight, product and sum stored BF16: the emulated run equals numpy's BF16 rounding of
+    each FP32 result, exactly."""
+    mk = helper.make_node
+    w = np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal(16).astype(np.float32)
+    m = model([mk("MatMul", ["x", "w"], ["p"]), mk("Add", ["p", "b"], ["y"])],
+              [fin("x", 4, 16, dtype=BF16)], [fin("y", 4, 16, dtype=BF16)],
+              [_bf16_tensor("w", w), _bf16_tensor("b", b)], value_info=[fin("p", 4, 16, dtype=BF16)])
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32) * 10
+    (got,) = run_model(m, {"x": x})
+    want = _bf16(_bf16(_bf16(x) @ _bf16(w)) + _bf16(b))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, _bf16(x) @ _bf16(w) + _bf16(b))  # the product's rounding shows
+
+
+def test_bf16_inside_if_branches_runs():
+    """A value of the main graph read inside an ``If`` branch, and BF16 computed in the branches."""
+    mk = helper.make_node
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph([mk(op, ["h", "h"], [f"{name}_out"])], name, [],
+                                 [fin(f"{name}_out", 2, 3, dtype=BF16)])
+
+    m = model([mk("Cast", ["x"], ["h"], to=BF16),
+               mk("If", ["c"], ["z"], then_branch=branch("then", "Add"), else_branch=branch("else", "Mul")),
+               mk("Cast", ["z"], ["y"], to=TensorProto.FLOAT)],
+              [fin("x", 2, 3), fin("c", dtype=TensorProto.BOOL)], [fin("y", 2, 3)],
+              value_info=[fin("h", 2, 3, dtype=BF16), fin("z", 2, 3, dtype=BF16)])
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    (added,) = run_model(m, {"x": x, "c": np.array(True)})
+    (multiplied,) = run_model(m, {"x": x, "c": np.array(False)})
+    np.testing.assert_array_equal(added, _bf16(_bf16(x) * 2))
+    np.testing.assert_array_equal(multiplied, _bf16(_bf16(x) * _bf16(x)))
+
+
+@pytest.mark.parametrize("opset", [14, 18], ids=["opset14", "opset18"])
+def test_cli_validates_a_bf16_plan_of_a_written_out_layer_norm(opset, tmp_path, capsys):
+    """Default options but ``--dtype bf16``: the plan converts, ONNX Runtime loads the emulated model
+    (its LayerNorm fusion would absorb a view's Cast into a BF16-reading node the CPU provider has
+    no kernel for), validation passes and says how it ran."""
+    m = _norm("layer_norm")
+    m.opset_import[0].version = opset
+    if opset < 18:  # ReduceMean takes its axes as an attribute before opset 18
+        for node in m.graph.node:
+            if node.op_type == "ReduceMean":
+                del node.input[1:]
+                node.attribute.append(helper.make_attribute("axes", [-1]))
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    assert main([str(src), "-o", str(out), "--dtype", "bf16", "--validate", "--report", str(rep)]) == 0
+    assert declares_bf16(str(out))  # something did run in BF16
+    validation = json.loads(rep.read_text())["validation"]
+    assert validation["passed"] and 0 < validation["max_rel_error"] < 1e-2  # BF16's rounding, not FP32's
+    assert "emulated" in validation["emulation"]
+    assert "bfloat16 emulated" in capsys.readouterr().err
+
+
+def test_an_fp16_plan_is_not_said_to_be_emulated(tmp_path):
+    mk = helper.make_node
+    m = model([mk("MatMul", ["x", "w"], ["y"])], [fin("x", 64, 256)], [fin("y", 64, 256)],
+              [weight("w", 256, 256)])
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    assert main([str(src), "-o", str(out), "--validate", "--report", str(rep), "-q"]) == 0
+    assert "emulation" not in json.loads(rep.read_text())["validation"]
+    assert not declares_bf16(convert_onnx(m).model)
+
+
+def test_the_emulation_leaves_the_callers_model_as_it_was():
+    mk = helper.make_node
+    m = model([mk("Add", ["x", "b"], ["y"])], [fin("x", 3, dtype=BF16)], [fin("y", 3, dtype=BF16)],
+              [_bf16_tensor("b", np.ones(3, np.float32))])
+    before = m.SerializeToString()
+    run_model(m, {"x": np.zeros(3, np.float32)})
+    assert m.SerializeToString() == before
+    assert numpy_helper.to_array(m.graph.initializer[0]).dtype != np.float32  # still stored BF16
+
+
+def test_fallback_on_a_bf16_plan_runs_and_speaks_of_bf16(tmp_path):
+    """``--fallback`` runs the converted model each round: on BF16 it ran into the same missing
+    kernels; its reasons named FP16 whatever the dtype."""
+    mk = helper.make_node
+    m = model([mk("MatMul", ["x", "w0"], ["h"], name="mm0"), mk("MatMul", ["h", "w1"], ["y"], name="mm1")],
+              [fin("x", 64, 256)], [fin("y", 64, 256)], [weight("w0", 256, 256), weight("w1", 256, 256)])
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    assert main([str(src), "-o", str(out), "--dtype", "bf16", "--fallback", "--tolerance", "1e-6",
+                 "--report", str(rep), "-q"]) == 0
+    data = json.loads(rep.read_text())
+    moved = [o for o in data["ops"] if o["reason"].startswith(("deny: fallback", "fallback"))
+             or "fallback:" in o["reason"]]
+    assert moved and all("BF16" in o["reason"] and "FP16" not in o["reason"] for o in moved)
+    assert data["fallback"]["max_rel_error"] <= 1e-6
