@@ -18,6 +18,7 @@ from .errors import ConversionError
 from .gcpause import gc_paused
 from .input_gen import waveform_dims
 from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules, walk_nodes
+from .onnx_io.common_subexpressions import merge_duplicates
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model, materialize, save_model
 from .onnx_io.importer import import_model
@@ -118,6 +119,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
     _check_dim_names(imp.graph, dim_values, source)
+    merged = merge_duplicates(imp)  # as ONNX Runtime will at load: priced and emitted once
     trained = training_mode_note(model, nested=len(imp.graphs) > 1)  # the source's nodes, before emission
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
@@ -143,6 +145,12 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if trained:
         report.summary["exported_in_training"] = trained
+    if merged:
+        report.summary["merged_duplicates"] = (
+            f"merged {sum(merged.values())} duplicate ops into their twins ("
+            + ", ".join(f"{op} x{n}" for op, n in merged.most_common())
+            + "): same op, inputs and attributes, as ONNX Runtime's common-subexpression elimination "
+              "merges them at load")
     if annotate:
         annotate_model(converted, report, nodes)
     return ConvertedModel(converted, report, base_dir, imp.pending)
