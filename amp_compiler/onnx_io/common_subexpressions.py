@@ -35,24 +35,36 @@ def merge_duplicates(imp: OnnxImport) -> Counter:
     """Merge duplicate ops of ``imp.graph`` into their first occurrence (see module docstring);
     returns how many of each op type were merged."""
     graph = imp.graph
-    first: dict[tuple, Op] = {}
+    by_inputs: dict[tuple, list[Op]] = {}  # (op type, inputs) -> ops so far: most ops share them with none
+    keys: dict[str, tuple | None] = {}  # op name -> ``_key``, worked out only for ops that share them
     merged: Counter = Counter()
     for op in list(graph.ops.values()):
-        key = _key(graph, imp, op)
-        if key is None:
+        if op.scope or not any(op.inputs):
             continue
-        twin = first.setdefault(key, op)
-        if twin is op or not _movable(graph, op):
+        earlier = by_inputs.setdefault((op.op_type, tuple(op.inputs)), [])
+        earlier.append(op)
+        if len(earlier) == 1:
+            continue
+        key = _key(graph, imp, op)
+        twin = next((o for o in earlier[:-1] if key is not None and _memo(keys, graph, imp, o) == key), None)
+        if twin is None or not _movable(graph, op):
             continue
         for mine, theirs in zip(op.outputs, twin.outputs):
             if mine:
                 for reader, port in list(graph.tensors[mine].consumers):
                     graph.set_input(reader, port, theirs)
         graph.remove_op(op.name)
+        earlier.pop()
         for name in op.outputs:
             graph.tensors.pop(name, None)
         merged[op.op_type] += 1
     return merged
+
+
+def _memo(keys: dict[str, tuple | None], graph: PrecisionGraph, imp: OnnxImport, op: Op) -> tuple | None:
+    if op.name not in keys:
+        keys[op.name] = _key(graph, imp, op)
+    return keys[op.name]
 
 
 def _key(graph: PrecisionGraph, imp: OnnxImport, op: Op) -> tuple | None:
