@@ -19,6 +19,8 @@ __all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
 
 #: the op names a deny-propagation reason carries (``passes/propagate.py``): one reason per op,
 #: which a count of reasons must read as one
+#: integer GEMMs (dynamic quantization): not tensor-core ops of any plan
+_INTEGER_GEMMS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 _DOWNSTREAM_OF = re.compile(r"downstream of deny op \S+ through \S+:.*")
 
 
@@ -44,6 +46,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     if total <= 0:
         return ""
     low = short(ctx.low_dtype)
+    of = _gemm_flops_named(graph)
     lines = []
     kept = [u for u, names in energy.unit_ops.items() if not plan.get(u) and graph.ops[names[0]].tensor_core]
     if kept:
@@ -51,8 +54,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
         d_total = energy.total(flipped)[0] - energy.total(plan)[0]
         d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
-        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
-                     f"GEMM/conv FLOPs")
+        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of {of}")
         # the report adds the memory it predicts all-low (``plan_report.build_report``): weights plus peak
         # activations, where the cut's measure sums every output (-37,486 MiB on a 12 MiB model)
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}")
@@ -65,16 +67,23 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
     if unplanned:
         flops = sum(timer.flops(op) for op in unplanned)
-        lines.append(f"not planned: {len(unplanned)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs, run in "
+        lines.append(f"not planned: {len(unplanned)} tensor-core ops, {flops / total:.0%} of {of}, run in "
                      f"{unplanned_float(graph, unplanned[0])}; plans convert float32 ops: cast the model to float32 "
                      f"first{'' if graph.inputs_retypable else ' (model.float())'}")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
     if ruled:
         flops = sum(timer.flops(op) for op in ruled)
         reason, n = Counter(op.reason for op in ruled).most_common(1)[0]
-        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs "
-                     f"({n}x: {reason})")
+        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of {of} ({n}x: {reason})")
     return "\n".join(lines)
+
+
+def _gemm_flops_named(graph: PrecisionGraph) -> str:
+    """What the shares are of: "GEMM/conv FLOPs", or, beside integer GEMMs (``quantize_dynamic``'s
+    MatMulInteger, which no plan touches), "float GEMM/conv FLOPs (N integer GEMMs left int8)": a
+    dynamic-quantized BERT's 4 attention MatMuls had read "100% of GEMM/conv FLOPs"."""
+    n = sum(1 for op in graph.ops.values() if op.op_type in _INTEGER_GEMMS)
+    return f"float GEMM/conv FLOPs ({n} integer GEMMs left int8)" if n else "GEMM/conv FLOPs"
 
 
 def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:

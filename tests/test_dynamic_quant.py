@@ -43,8 +43,14 @@ def test_the_int32_accumulator_is_rescaled_in_fp32(planner):
     converted, report = convert_onnx(fp32, **({} if planner == "optimal" else {"planner": planner}))
     ops = {op["name"]: op for op in report.ops}
     assert ops["int_gemm"]["class"] != "unknown"
-    for name in ("to_float", "rescale"):
-        assert ops[name]["precision"] == "float32" and "QDQ" in ops[name]["reason"], ops[name]
+    for name in ("to_float", "rescale"):  # its reason had said "in a QDQ unit ... fuse DequantizeLinear"
+        reason = ops[name]["reason"]
+        assert ops[name]["precision"] == "float32" and "MatMulIntegerToFloat" in reason, ops[name]
+        assert "DequantizeLinear" not in reason
+    if ops["proj"]["precision"] == "float32":  # the why-line names the rescale, not a QDQ unit
+        held = report.summary["fp32_tensor_core_why"].partition("held FP32 by: ")[2]
+        assert "dynamic quantization" in held and "QDQ" not in held, held
+        assert "of float GEMM/conv FLOPs (1 integer GEMMs left int8)" in report.summary["fp32_tensor_core_why"]
     if planner == "all":
         assert ops["proj"]["precision"] == "float16"
     else:  # never silently FP32
