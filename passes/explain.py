@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Callable
 
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
 from amp_compiler.ir import CONSTANT, PARAMETER, PrecisionGraph
@@ -39,8 +40,10 @@ def _us(seconds: float) -> str:
 
 
 def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int],
-                         timer: OpTimer) -> str:
-    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none."""
+                         timer: OpTimer, io_matters: Callable[[], bool] | None = None) -> str:
+    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none. ``io_matters``:
+    whether dropping the I/O casts would change the plan (``convert.io_casts_matter``), asked only
+    before advising ``--no-keep-io-types``."""
     tc = [op for op in graph.ops.values() if op.tensor_core and not op.inserted]
     total = sum(timer.flops(op) for op in tc)
     if total <= 0:
@@ -60,7 +63,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}")
         border_lines, io = _casts_needed_by(graph, energy, flipped)
         lines += border_lines
-        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io)
+        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io, io_matters)
                   + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
         if advice:
             lines.append(f"would change it: {advice}")
@@ -111,11 +114,12 @@ def _options_not_in_effect(graph: PrecisionGraph, ctx: PlanContext, timer: OpTim
     return ", ".join(options)
 
 
-def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int) -> str:
-    """``--no-keep-io-types (...), `` when casts at graph inputs/outputs are charged and the file's
-    inputs and outputs could take the low dtype: a decoder's KV cache (``past_key_values.*`` in,
-    ``present.*`` out) cast both ways every step had kept a GPT-2 FP32 with no word of it."""
-    if not io or not ctx.keep_io_types or not graph.inputs_retypable:
+def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int, io_matters: Callable[[], bool] | None) -> str:
+    """``--no-keep-io-types (...), `` when casts at graph inputs/outputs are charged, the file's
+    inputs and outputs could take the low dtype and, without those casts, the plan would change
+    (``io_matters``): a decoder's KV cache (``past_key_values.*`` in, ``present.*`` out) cast both
+    ways every step had kept a GPT-2 FP32 with no word of it."""
+    if not io or not ctx.keep_io_types or not graph.inputs_retypable or (io_matters and not io_matters()):
         return ""
     return f"--no-keep-io-types ({io} I/O casts), "
 
