@@ -146,7 +146,8 @@ def _dim_advice(graph: PrecisionGraph) -> str:
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int]:
     """(lines, casts at graph inputs/outputs): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
-    4 Resize", two per interpolation, had read "8x Resize", 8 ops) and graph inputs/outputs
+    4 Resize", two per interpolation, had read "8x Resize", 8 ops; a cast bordering two op types
+    counts once, "5 casts at 5 ReduceMean + 5 Sub", which had read as 10) and graph inputs/outputs
     that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
     first); no lines when no cast is charged."""
     borders: Counter = Counter()
@@ -159,8 +160,8 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
         t = graph.tensors[term.tensor]
         fixed = [graph.ops[n] for n in (t.producer, *(c for c, _ in t.consumers))
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
-        if fixed:
-            borders.update({op.op_type: 1 for op in fixed})
+        if fixed:  # one cast read by a LayerNorm's ReduceMean and Sub is one cast at both
+            borders[tuple(sorted({op.op_type for op in fixed}))] += 1
             held.update({op.name: _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
                                                      op.reason.split(": ", 1)[-1]) for op in fixed})
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
@@ -168,7 +169,8 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
         else:
             io += 1
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
-    parts = [f"{n} {'casts ' if not i else ''}at {kinds[kind]} {kind}" for i, (kind, n) in enumerate(borders.most_common(4))]
+    parts = [f"{n} {'casts ' if not i else ''}at {' + '.join(f'{kinds[k]} {k}' for k in key)}"
+             for i, (key, n) in enumerate(borders.most_common(4))]
     if weights[PARAMETER]:
         parts.append(f"{weights[PARAMETER]} at parameters cast every call (training mode keeps their FP32 master copy)")
     if weights[CONSTANT]:

@@ -54,3 +54,11 @@ def test_each_advised_option_changes_the_plan_and_no_other_is_advised(blocks):
         followed = convert_onnx(_pre_ln(blocks), **kwargs)[1].summary["fp16_gemm_flop_fraction"]
         assert (option in advice) == (followed > share), (option, share, followed, advice)
     assert ("--no-keep-io-types" in advice) == (blocks == 3)
+
+
+def test_a_cast_read_by_a_norms_mean_and_centring_counts_once():
+    """Each written-out LayerNorm's input cast is read by its ReduceMean and its Sub: the line
+    read "5 casts at 5 ReduceMean, 5 at 5 Sub" for GPT-2's 5 casts, as if there were 10."""
+    why = convert_onnx(_pre_ln(4))[1].summary["fp32_tensor_core_why"]
+    assert "whatever the plan: 5 casts at 5 ReduceMean + 5 Sub" in why, why
+    assert "at 5 Sub," not in why
