@@ -143,6 +143,17 @@ def _dim_advice(graph: PrecisionGraph) -> str:
     return advice
 
 
+def _named_apart(graph: PrecisionGraph, reason: str) -> str:
+    """``reason`` with the op names it quotes written as those ops' types, so that one rule counts
+    once: "centring (x - mean(x)): /h.0/ln_1/Sub subtracts ..." named each of GPT-2's five
+    LayerNorms apart, and the line read "(2 ops)" twice for the ten ops the rule holds."""
+    for token in reason.split():
+        name = token.rstrip(",;:)")
+        if name in graph.ops:
+            reason = reason.replace(name, f"its {graph.ops[name].op_type}")
+    return reason
+
+
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int]:
     """(lines, casts at graph inputs/outputs): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
@@ -162,8 +173,9 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
         if fixed:  # one cast read by a LayerNorm's ReduceMean and Sub is one cast at both
             borders[tuple(sorted({op.op_type for op in fixed}))] += 1
-            held.update({op.name: _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
-                                                     op.reason.split(": ", 1)[-1]) for op in fixed})
+            held.update({op.name: _named_apart(graph, _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
+                                                                         op.reason.split(": ", 1)[-1]))
+                         for op in fixed})
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
             weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
         else:

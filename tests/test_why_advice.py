@@ -58,7 +58,11 @@ def test_each_advised_option_changes_the_plan_and_no_other_is_advised(blocks):
 
 def test_a_cast_read_by_a_norms_mean_and_centring_counts_once():
     """Each written-out LayerNorm's input cast is read by its ReduceMean and its Sub: the line
-    read "5 casts at 5 ReduceMean, 5 at 5 Sub" for GPT-2's 5 casts, as if there were 10."""
+    read "5 casts at 5 ReduceMean, 5 at 5 Sub" for GPT-2's 5 casts, as if there were 10; and the
+    rule holding them, "(2 ops)" for one norm of five."""
     why = convert_onnx(_pre_ln(4))[1].summary["fp32_tensor_core_why"]
     assert "whatever the plan: 5 casts at 5 ReduceMean + 5 Sub" in why, why
     assert "at 5 Sub," not in why
+    # one rule, one count: its reason named each norm's Sub, and the line read "(2 ops)" per norm
+    held = next(line for line in why.splitlines() if line.startswith("held FP32 by: "))
+    assert held.startswith("held FP32 by: centring (x - mean(x)): its Sub subtracts") and held.endswith("(10 ops)"), held
