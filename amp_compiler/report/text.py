@@ -26,8 +26,9 @@ def render_text(report, max_rows: int | None = 60) -> str:
     # header
     title = trunc_end(clean(report.title()), W)
     out += [title, "═" * display_width(title)]
-    if s.get("nothing_to_do"):  # a model converted before, unchanged
-        out.append(trunc_end("! " + clean(s["nothing_to_do"]), W))
+    for key in ("nothing_to_do", "raised_from_low"):  # a model converted before: unchanged, or what changed
+        if s.get(key):
+            out.append(trunc_end("! " + clean(s[key]), W))
     if s.get("exported_in_training"):  # Dropout/BatchNormalization left in training mode by the export
         out.append(trunc_end("! " + clean(s["exported_in_training"]), W))
     if s.get("guessed_gemm_sizes"):  # GEMMs read dims shape inference made up (sized --default-dim)
