@@ -139,3 +139,35 @@ def test_ort_layer_norm_below_opset_17_and_split_after_contrib_ops(tmp_path, ops
     assert ops["scale_k"]["precision"] == ops["add_qk"]["precision"] == ops["split"]["precision"]
     if planner == "all":
         assert ops["ln"]["precision"] == ops["scale_k"]["precision"] == "float16"
+
+
+def _gemm_shape_names_left_behind() -> onnx.ModelProto:
+    """A 3-D MatMul + Add (ONNX Runtime's MatMulAddFusion makes it a Gemm between two Reshapes whose
+    shapes it names ``gemm_input_shape``/``gemm_output_shape``) in a file that holds initializers of
+    those names already, as one ``optimize_model`` saved does."""
+    d = 32
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Reshape", ["x", "gemm_input_shape"], ["flat"], name="flat"),
+             helper.make_node("Reshape", ["flat", "gemm_output_shape"], ["back"], name="back"),
+             helper.make_node("Add", ["a", "back"], ["y"], name="out")]
+    g = helper.make_graph(nodes, "left_behind", [fin("x", 1, 16, d)], [fin("y", 1, 16, d)],
+                          [weight("W", d, d), numpy_helper.from_array(np.zeros(d, np.float32), "b"),
+                           numpy_helper.from_array(np.array([16, d], np.int64), "gemm_input_shape"),
+                           numpy_helper.from_array(np.array([1, 16, d], np.int64), "gemm_output_shape")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_validation_opens_the_converted_file_as_it_is(tmp_path, capsys):
+    """The overflow check runs both models with their intermediate values exposed as outputs, which
+    blocks ONNX Runtime's fusions: a BERT saved by ``optimize_model`` validated, and its output then
+    failed to load at every optimisation level (MatMulAddFusion: "Attempt to replace the existing
+    tensor"). Here the source fails the same way, and the line says so; nothing is written."""
+    src, dst = tmp_path / "left_behind.onnx", tmp_path / "out.onnx"
+    onnx.save(_gemm_shape_names_left_behind(), str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "-q", "--planner", "all"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the converted model: ONNX Runtime: cannot load it: " in err and "replace the existing tensor" in err, err
+    assert err.endswith("(the FP32 model fails the same way as it is: ONNX Runtime refuses the source file)")
+    assert not dst.exists()
