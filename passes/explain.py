@@ -61,9 +61,9 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         # the report adds the memory it predicts all-low (``plan_report.build_report``): weights plus peak
         # activations, where the cut's measure sums every output (-37,486 MiB on a 12 MiB model)
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}")
-        border_lines, io = _casts_needed_by(graph, energy, flipped)
+        border_lines, io, stored = _casts_needed_by(graph, energy, flipped)
         lines += border_lines
-        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io, io_matters)
+        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io, io_matters) + _init_advice(ctx, stored)
                   + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
         if advice:
             lines.append(f"would change it: {advice}")
@@ -124,6 +124,16 @@ def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int, io_matters: Cal
     return f"--no-keep-io-types ({io} I/O casts), "
 
 
+def _init_advice(ctx: PlanContext, stored: int) -> str:
+    """``--init-max-bytes`` advice when the all-low plan casts weights that option keeps FP32 in the
+    file: a BERT under ``--init-max-bytes 1000`` stayed FP32 for 13 such casts and the line named
+    every option but that one."""
+    limit = getattr(getattr(ctx, "user_rules", None), "init_max_bytes", None)
+    if not stored or limit is None:
+        return ""
+    return f"a larger --init-max-bytes than {limit} ({stored} weights stored FP32 and cast every call), "
+
+
 def _dim_advice(graph: PrecisionGraph) -> str:
     """``--dim NAME=SIZE (...), `` naming the symbolic dims the cost model sized with the default (no
     ``--dim`` value, no example) that the graph's inputs declare (sizing them sizes the expressions
@@ -154,8 +164,8 @@ def _named_apart(graph: PrecisionGraph, reason: str) -> str:
     return reason
 
 
-def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int]:
-    """(lines, casts at graph inputs/outputs): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
+def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int, int]:
+    """(lines, casts at graph inputs/outputs, casts of weights stored FP32): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
     4 Resize", two per interpolation, had read "8x Resize", 8 ops; a cast bordering two op types
     counts once, "5 casts at 5 ReduceMean + 5 Sub", which had read as 10) and graph inputs/outputs
@@ -190,11 +200,11 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     if io:
         parts.append(f"{io} at graph inputs/outputs")
     if not parts:
-        return [], io
+        return [], io, 0
     # "its": the all-low plan's casts, priced on the line before (not the chosen plan's, which the report lists)
     lines = [("its casts border ops that stay FP32 whatever the plan: " if borders else "its casts: ")
              + ", ".join(parts)]
     reasons = Counter(held.values()).most_common(2)
     if reasons:
         lines.append("held FP32 by: " + "; ".join(f"{why} ({n} op{'s' if n > 1 else ''})" for why, n in reasons))
-    return lines, io
+    return lines, io, weights[CONSTANT]

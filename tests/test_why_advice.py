@@ -66,3 +66,13 @@ def test_a_cast_read_by_a_norms_mean_and_centring_counts_once():
     # one rule, one count: its reason named each norm's Sub, and the line read "(2 ops)" per norm
     held = next(line for line in why.splitlines() if line.startswith("held FP32 by: "))
     assert held.startswith("held FP32 by: centring (x - mean(x)): its Sub subtracts") and held.endswith("(10 ops)"), held
+
+
+def test_weights_kept_fp32_by_init_max_bytes_are_named_in_the_advice():
+    """Under --init-max-bytes 1000 a BERT stayed FP32 for 13 weights stored FP32 and cast every call;
+    the advice named every option but that one. Following it (no limit) converts."""
+    summary = convert_onnx(_pre_ln(2), init_max_bytes=1000)[1].summary
+    why = summary["fp32_tensor_core_why"]
+    assert summary["fp16_gemm_flop_fraction"] < 1 and "at weights stored FP32 and cast every call" in why, why
+    assert "a larger --init-max-bytes than 1000 (" in why.splitlines()[-1], why
+    assert convert_onnx(_pre_ln(2))[1].summary["fp16_gemm_flop_fraction"] > summary["fp16_gemm_flop_fraction"]
