@@ -413,6 +413,16 @@ def _check_inputs_file(path: str) -> None:
                                             "numpy.savez(path, input_ids=..., ...)")
 
 
+def _plain_warnings() -> None:
+    """Python warnings printed as one line each, as errors are (``amp-compile: warning: ...``), not
+    with the path and source line of the module that raised them; for the console command only
+    (``run``): ``main`` called in a process leaves the caller's warning display alone."""
+    import warnings
+
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: print(
+        f"amp-compile: warning: {message}", file=sys.stderr)
+
+
 def _silence_warnings(runs_models: bool) -> None:
     """-q: Python warnings and ONNX Runtime's log lines are not errors."""
     import warnings
@@ -444,6 +454,7 @@ def run() -> None:
     conversion cost one full walk over every object the IR holds (0.8 s at 100k nodes;
     docs/architecture.md, "Performance")."""
     gc.disable()
+    _plain_warnings()
     status = main()
     if sys.getprofile() is not None or sys.gettrace() is not None:
         sys.exit(status)  # a profiler or coverage writes its results at the interpreter's exit

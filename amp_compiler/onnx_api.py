@@ -28,7 +28,9 @@ from .onnx_io.train_mode import training_mode_note
 from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
+from .registry import DEFAULT_REGISTRY
 from .report import Report
+from .rule_names import check_rule_names
 
 
 @gc_paused  # a few objects per node stay alive until the end: full collections only cost time
@@ -119,7 +121,13 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     imp = import_model(model, registry=registry, source=source, default_dim=default_dim, validate=True,
                        base_dir=str(base_dir) if base_dir is not None else None)
     _check_dim_names(imp.graph, dim_values, source)
-    merged = merge_duplicates(imp)  # as ONNX Runtime will at load: priced and emitted once
+    user_nodes = ctx.deny_nodes if ctx.deny_node_reasons is None else \
+        [n for n, why in ctx.deny_node_reasons.items() if why.endswith("(--deny-node)")]  # not the fallback's
+    check_rule_names(imp.graph, source, registry or DEFAULT_REGISTRY, node_names=user_nodes,
+                     op_types={"--deny": ctx.deny, "--allow": ctx.allow, "--force-op": ctx.user_rules.force_ops},
+                     patterns={"--exclude-nodes": ctx.user_rules.exclude_nodes,
+                               "--include-nodes": ctx.user_rules.include_nodes})
+    merged = merge_duplicates(imp, keep=set(ctx.deny_nodes or ()))  # as ONNX Runtime will at load: priced once
     trained = training_mode_note(model, nested=len(imp.graphs) > 1)  # the source's nodes, before emission
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:

@@ -8,6 +8,7 @@ emitted graph holds. The summary built here is the report's one derivation of it
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
@@ -120,15 +121,32 @@ def _nothing_to_do(result: PlanResult) -> dict[str, Any]:
     """``nothing_to_do``: one line when a model converted before (onnxconverter-common, an earlier
     run of ours) comes out as it went in: every op in its source dtype, no cast inserted."""
     ops = [op for op in result.graph.ops.values() if op.precision is not None and op.source_dtype]
-    if any(op.inserted for op in result.graph.ops.values()) or any(
-            op.precision != op.source_dtype for op in ops if not op.inserted):
-        return {}
     low = sum(op.source_dtype in LOW_PRECISION for op in ops)
     if not low:
+        return {}
+    raised = [op for op in ops if op.source_dtype in LOW_PRECISION and op.precision == FLOAT32 and not op.inserted]
+    if raised:
+        return {"raised_from_low": _raised_from_low(result.graph, ops, low, raised)}
+    if any(op.inserted for op in result.graph.ops.values()) or any(
+            op.precision != op.source_dtype for op in ops if not op.inserted):
         return {}
     earlier = sum("kept FP32 by the amp-compiler run" in (op.reason or "") for op in ops)
     kept = f", {earlier} kept FP32 by the run that converted it" if earlier else ""
     return {"nothing_to_do": f"nothing to do: {low} ops already {_low_name(ops)}{kept}; no op or cast changes"}
+
+
+def _raised_from_low(graph: PrecisionGraph, ops: list, low: int, raised: list) -> str:
+    """``raised_from_low``: one line when a model already in the low dtype (ONNX Runtime's float16
+    tool, onnxconverter-common) had ops moved back to FP32 by a rule: its LayerNorms' Pow and
+    centring were, with casts around them, and the report had said nothing of it."""
+    rules: dict[str, Counter] = {}
+    for op in raised:  # "deny: pow overflows ...", "infer: centring (x - mean(x)): <op> subtracts ..."
+        rules.setdefault(op.reason.split(": ")[1] if ": " in op.reason else op.reason, Counter())[op.op_type] += 1
+    said = "; ".join(f"{' + '.join(f'{n} {t}' for t, n in kinds.most_common())}: {rule}"
+                     for rule, kinds in sorted(rules.items(), key=lambda kv: -sum(kv[1].values()))[:3])
+    casts = sum(op.inserted and op.op_type == "Cast" for op in graph.ops.values())
+    return (f"source already {_low_name(ops)}: {low - len(raised)} ops left as they were, {len(raised)} moved to FP32 "
+            f"by a rule with {casts} casts ({said})")
 
 
 def _guessed_gemm_sizes(graph: PrecisionGraph, ops: list[dict], gemm_flops: float) -> dict[str, Any]:

@@ -99,35 +99,62 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
     ORT's own loader cannot read a shape input from one. A model storing values in BF16 (with
     ``bf16_file``, a file too) runs on the CPU provider with BF16 emulated, which has no BF16
     kernels (``onnx_io/bf16_emulation.py``)."""
-    ort = onnxruntime()
     providers = providers or ["CPUExecutionProvider"]
-    disabled = CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
+    fusions_off: list[str] = []
     if providers == ["CPUExecutionProvider"]:
         from .onnx_io.bf16_emulation import FUSIONS_OFF, for_cpu
 
         emulated = for_cpu(model, data_dir, always=bf16_file)
         if emulated is not None:
-            (model, data_dir), disabled = emulated, disabled + FUSIONS_OFF
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
-    if data_dir is not None:
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
-    payload = model if isinstance(model, str) else model.SerializeToString()
-    try:
-        try:
-            sess = ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
-        except Exception as exc:
-            whole = _loaded_whole(model, data_dir, exc)
-            if whole is None:
-                raise
-            sess = ort.InferenceSession(whole, opts, providers=providers, disabled_optimizers=disabled)
-    except Exception as exc:  # onnxruntime raises its own exception types per failure kind
-        raise ConversionError(label, "ONNX Runtime", "cannot load it: " + _ort_detail(exc, providers)) from None
+            (model, data_dir), fusions_off = emulated, FUSIONS_OFF
+    sess = load_session(model, providers, label=label, data_dir=data_dir, disabled=fusions_off)
     names = {i.name for i in sess.get_inputs()}
     try:
         return sess.run(None, {k: v for k, v in feeds.items() if k in names})
     except Exception as exc:
         raise ConversionError(label, "ONNX Runtime", _ort_detail(exc, providers)) from None
+
+
+def load_session(model: ModelProto | str, providers: list[str], *, label: str = "model", data_dir: str | None = None,
+                 disabled: list[str] | tuple = ()):
+    """An ONNX Runtime session of ``model`` as ``run_model`` opens it (``disabled``: graph
+    optimizers left out besides ``CPU_DISABLED_OPTIMIZERS``); a load failure is a
+    ``ConversionError`` whose reason starts "cannot load it"."""
+    ort = onnxruntime()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4  # fatal only: a failure is raised as our one line, not logged by ORT too
+    if data_dir is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_dir)
+    disabled = (CPU_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []) + list(disabled)
+    payload = model if isinstance(model, str) else model.SerializeToString()
+    try:
+        try:
+            return ort.InferenceSession(payload, opts, providers=providers, disabled_optimizers=disabled)
+        except Exception as exc:
+            whole = _loaded_whole(model, data_dir, exc)
+            if whole is None:
+                raise
+            return ort.InferenceSession(whole, opts, providers=providers, disabled_optimizers=disabled)
+    except Exception as exc:  # onnxruntime raises its own exception types per failure kind
+        raise ConversionError(label, "ONNX Runtime", "cannot load it: " + _ort_detail(exc, providers)) from None
+
+
+def _loads_as_is(original: ModelProto | str, converted: ModelProto | str) -> None:
+    """The overflow check runs both models with intermediate values exposed as outputs, which blocks
+    ONNX Runtime's fusions; the converted model is also opened as it is. A BERT saved by
+    ``optimize_model`` validated, yet its output failed to load at any optimisation level
+    (MatMulAddFusion named a new initializer as one the earlier run had left in the file). Where the
+    FP32 model fails the same way, the reason says so: the file, not the conversion."""
+    cpu = ["CPUExecutionProvider"]
+    try:
+        load_session(converted, cpu, label="the converted model")
+    except ConversionError as exc:
+        try:
+            load_session(original, cpu, label="the FP32 model")
+        except ConversionError:
+            raise ConversionError(exc.source, exc.where, exc.reason + " (the FP32 model fails the same way as it "
+                                                                      "is: ONNX Runtime refuses the source file)") from None
+        raise
 
 
 #: what ONNX Runtime (1.32) says when its shape inference needs a constant stored in an external file
@@ -239,6 +266,8 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
             actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
+    if probed is not None and runner is run_model:
+        _loads_as_is(original, converted)
     worst = max((o["max_rel_error"] for o in outputs), default=0.0)
     result = {"tolerance": tolerance, "passed": bool(worst <= tolerance and not overflows), "max_rel_error": worst,
               "outputs": outputs, "error_measure": "max |mixed - fp32| / max |fp32| per output"}

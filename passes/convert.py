@@ -25,6 +25,7 @@ Rewrite cases:
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -84,12 +85,23 @@ class ConvertPass(Pass):
         mixed, n_casts, cast_s = energy.total(plan)
         all32 = {u: 0 for u in energy.unit_ops}
         prediction = Prediction(energy.total(all32)[0], mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
-        why = fp32_tensor_core_why(graph, ctx, energy, plan, timer)
+        floor = TIE_LAUNCHES * timer.launch
+        why = fp32_tensor_core_why(graph, ctx, energy, plan, timer,
+                                   lambda: io_casts_matter(graph, ctx, timer, plan, floor))
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
                           f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
                           f"({ctx.planner}), {n_casts} casts planned",
                           Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why, tie))
+
+
+def io_casts_matter(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, plan: dict[int, int],
+                    floor_s: float) -> bool:
+    """Whether ``ctx.objective``'s plan under ``keep_io_types=False`` runs more GEMM/conv FLOPs low
+    than ``plan``. The why-line advises ``--no-keep-io-types`` only then: it had advised it for a
+    GPT-2 and a ViT whose output cast changed nothing (``docs/architecture.md``, "The objective")."""
+    other = build_energy(graph, replace(ctx, keep_io_types=False), timer)  # same units, same order
+    return other.low_tc_flops(solve_objective(other, ctx.objective, floor_s)) > other.low_tc_flops(plan)
 
 
 def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:

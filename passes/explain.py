@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Callable
 
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
 from amp_compiler.ir import CONSTANT, PARAMETER, PrecisionGraph
@@ -19,6 +20,8 @@ __all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
 
 #: the op names a deny-propagation reason carries (``passes/propagate.py``): one reason per op,
 #: which a count of reasons must read as one
+#: integer GEMMs (dynamic quantization): not tensor-core ops of any plan
+_INTEGER_GEMMS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 _DOWNSTREAM_OF = re.compile(r"downstream of deny op \S+ through \S+:.*")
 
 
@@ -37,13 +40,16 @@ def _us(seconds: float) -> str:
 
 
 def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int],
-                         timer: OpTimer) -> str:
-    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none."""
+                         timer: OpTimer, io_matters: Callable[[], bool] | None = None) -> str:
+    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none. ``io_matters``:
+    whether dropping the I/O casts would change the plan (``convert.io_casts_matter``), asked only
+    before advising ``--no-keep-io-types``."""
     tc = [op for op in graph.ops.values() if op.tensor_core and not op.inserted]
     total = sum(timer.flops(op) for op in tc)
     if total <= 0:
         return ""
     low = short(ctx.low_dtype)
+    of = _gemm_flops_named(graph)
     lines = []
     kept = [u for u, names in energy.unit_ops.items() if not plan.get(u) and graph.ops[names[0]].tensor_core]
     if kept:
@@ -51,30 +57,36 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
         flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
         d_total = energy.total(flipped)[0] - energy.total(plan)[0]
         d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
-        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of "
-                     f"GEMM/conv FLOPs")
+        lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of {of}")
         # the report adds the memory it predicts all-low (``plan_report.build_report``): weights plus peak
         # activations, where the cut's measure sums every output (-37,486 MiB on a 12 MiB model)
         lines.append(f"all-{low} would change compute by {_us(d_op)}, casts by {_us(d_total - d_op)}")
-        border_lines, io = _casts_needed_by(graph, energy, flipped)
+        border_lines, io, stored = _casts_needed_by(graph, energy, flipped)
         lines += border_lines
-        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io)
+        advice = (_dim_advice(graph) + _io_advice(graph, ctx, io, io_matters) + _init_advice(ctx, stored)
                   + _options_not_in_effect(graph, ctx, timer)).rstrip(", ")
         if advice:
             lines.append(f"would change it: {advice}")
     unplanned = [op for op in tc if op.precision is None and unplanned_float(graph, op)]
     if unplanned:
         flops = sum(timer.flops(op) for op in unplanned)
-        lines.append(f"not planned: {len(unplanned)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs, run in "
+        lines.append(f"not planned: {len(unplanned)} tensor-core ops, {flops / total:.0%} of {of}, run in "
                      f"{unplanned_float(graph, unplanned[0])}; plans convert float32 ops: cast the model to float32 "
                      f"first{'' if graph.inputs_retypable else ' (model.float())'}")
     ruled = [op for op in tc if op.unit is None and op.precision == FLOAT32]
     if ruled:
         flops = sum(timer.flops(op) for op in ruled)
         reason, n = Counter(op.reason for op in ruled).most_common(1)[0]
-        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of GEMM/conv FLOPs "
-                     f"({n}x: {reason})")
+        lines.append(f"FP32 by a rule: {len(ruled)} tensor-core ops, {flops / total:.0%} of {of} ({n}x: {reason})")
     return "\n".join(lines)
+
+
+def _gemm_flops_named(graph: PrecisionGraph) -> str:
+    """What the shares are of: "GEMM/conv FLOPs", or, beside integer GEMMs (``quantize_dynamic``'s
+    MatMulInteger, which no plan touches), "float GEMM/conv FLOPs (N integer GEMMs left int8)": a
+    dynamic-quantized BERT's 4 attention MatMuls had read "100% of GEMM/conv FLOPs"."""
+    n = sum(1 for op in graph.ops.values() if op.op_type in _INTEGER_GEMMS)
+    return f"float GEMM/conv FLOPs ({n} integer GEMMs left int8)" if n else "GEMM/conv FLOPs"
 
 
 def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:
@@ -102,13 +114,24 @@ def _options_not_in_effect(graph: PrecisionGraph, ctx: PlanContext, timer: OpTim
     return ", ".join(options)
 
 
-def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int) -> str:
-    """``--no-keep-io-types (...), `` when casts at graph inputs/outputs are charged and the file's
-    inputs and outputs could take the low dtype: a decoder's KV cache (``past_key_values.*`` in,
-    ``present.*`` out) cast both ways every step had kept a GPT-2 FP32 with no word of it."""
-    if not io or not ctx.keep_io_types or not graph.inputs_retypable:
+def _io_advice(graph: PrecisionGraph, ctx: PlanContext, io: int, io_matters: Callable[[], bool] | None) -> str:
+    """``--no-keep-io-types (...), `` when casts at graph inputs/outputs are charged, the file's
+    inputs and outputs could take the low dtype and, without those casts, the plan would change
+    (``io_matters``): a decoder's KV cache (``past_key_values.*`` in, ``present.*`` out) cast both
+    ways every step had kept a GPT-2 FP32 with no word of it."""
+    if not io or not ctx.keep_io_types or not graph.inputs_retypable or (io_matters and not io_matters()):
         return ""
     return f"--no-keep-io-types ({io} I/O casts), "
+
+
+def _init_advice(ctx: PlanContext, stored: int) -> str:
+    """``--init-max-bytes`` advice when the all-low plan casts weights that option keeps FP32 in the
+    file: a BERT under ``--init-max-bytes 1000`` stayed FP32 for 13 such casts and the line named
+    every option but that one."""
+    limit = getattr(getattr(ctx, "user_rules", None), "init_max_bytes", None)
+    if not stored or limit is None:
+        return ""
+    return f"a larger --init-max-bytes than {limit} ({stored} weights stored FP32 and cast every call), "
 
 
 def _dim_advice(graph: PrecisionGraph) -> str:
@@ -130,10 +153,22 @@ def _dim_advice(graph: PrecisionGraph) -> str:
     return advice
 
 
-def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int]:
-    """(lines, casts at graph inputs/outputs): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
+def _named_apart(graph: PrecisionGraph, reason: str) -> str:
+    """``reason`` with the op names it quotes written as those ops' types, so that one rule counts
+    once: "centring (x - mean(x)): /h.0/ln_1/Sub subtracts ..." named each of GPT-2's five
+    LayerNorms apart, and the line read "(2 ops)" twice for the ten ops the rule holds."""
+    for token in reason.split():
+        name = token.rstrip(",;:)")
+        if name in graph.ops:
+            reason = reason.replace(name, f"its {graph.ops[name].op_type}")
+    return reason
+
+
+def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int, int]:
+    """(lines, casts at graph inputs/outputs, casts of weights stored FP32): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
     rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
-    4 Resize", two per interpolation, had read "8x Resize", 8 ops) and graph inputs/outputs
+    4 Resize", two per interpolation, had read "8x Resize", 8 ops; a cast bordering two op types
+    counts once, "5 casts at 5 ReduceMean + 5 Sub", which had read as 10) and graph inputs/outputs
     that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
     first); no lines when no cast is charged."""
     borders: Counter = Counter()
@@ -146,16 +181,18 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
         t = graph.tensors[term.tensor]
         fixed = [graph.ops[n] for n in (t.producer, *(c for c, _ in t.consumers))
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
-        if fixed:
-            borders.update({op.op_type: 1 for op in fixed})
-            held.update({op.name: _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
-                                                     op.reason.split(": ", 1)[-1]) for op in fixed})
+        if fixed:  # one cast read by a LayerNorm's ReduceMean and Sub is one cast at both
+            borders[tuple(sorted({op.op_type for op in fixed}))] += 1
+            held.update({op.name: _named_apart(graph, _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
+                                                                         op.reason.split(": ", 1)[-1]))
+                         for op in fixed})
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
             weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
         else:
             io += 1
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
-    parts = [f"{n} {'casts ' if not i else ''}at {kinds[kind]} {kind}" for i, (kind, n) in enumerate(borders.most_common(4))]
+    parts = [f"{n} {'casts ' if not i else ''}at {' + '.join(f'{kinds[k]} {k}' for k in key)}"
+             for i, (key, n) in enumerate(borders.most_common(4))]
     if weights[PARAMETER]:
         parts.append(f"{weights[PARAMETER]} at parameters cast every call (training mode keeps their FP32 master copy)")
     if weights[CONSTANT]:
@@ -163,11 +200,11 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     if io:
         parts.append(f"{io} at graph inputs/outputs")
     if not parts:
-        return [], io
+        return [], io, 0
     # "its": the all-low plan's casts, priced on the line before (not the chosen plan's, which the report lists)
     lines = [("its casts border ops that stay FP32 whatever the plan: " if borders else "its casts: ")
              + ", ".join(parts)]
     reasons = Counter(held.values()).most_common(2)
     if reasons:
         lines.append("held FP32 by: " + "; ".join(f"{why} ({n} op{'s' if n > 1 else ''})" for why, n in reasons))
-    return lines, io
+    return lines, io, weights[CONSTANT]

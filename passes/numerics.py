@@ -90,6 +90,13 @@ VALUE_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "min", "max", "clip
 FLUSH_SHARE = 0.01
 QDQ_KEEP = ("in a QDQ (quantized) unit: kept in its source dtype so that runtimes can still fuse "
             "DequantizeLinear -> op -> QuantizeLinear into an int8 kernel")
+#: rule 4's reason for what feeds a DynamicQuantizeLinear, through data movement
+QUANTIZER_INPUT_KEEP = ("feeds a DynamicQuantizeLinear (dynamic quantization): kept in its source dtype, as its "
+                        "int8 rounding flips where the value it reads is rounded to FP16 first")
+#: rule 4's reason for a dynamic quantization's rescale, which is no QDQ unit (no DequantizeLinear)
+RESCALE_KEEP = ("rescale of an integer GEMM's int32 accumulator (dynamic quantization): kept FP32, as ONNX "
+                "Runtime fuses MatMulInteger -> Cast -> Mul into MatMulIntegerToFloat; in FP16 the accumulator "
+                "alone can pass 65504")
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _INTEGER_GEMMS = ("MatMulInteger", "ConvInteger")
 
@@ -141,8 +148,8 @@ class NumericsPass(Pass):
         for name, why in calibrated.items():
             if name not in masked or not mask_sentinel(graph, name):
                 tensors.setdefault(name, why)
-        for name in qdq_members(graph):  # 4
-            ops.setdefault(name, QDQ_KEEP)
+        for name, why in qdq_members(graph).items():  # 4
+            ops.setdefault(name, why)
         for name, why in trig_chains(graph, rng, label).items():  # 7
             ops.setdefault(name, why)
         chain_ops, overflowing = eps_chains(graph, rng, label)  # 8
@@ -170,7 +177,7 @@ class NumericsPass(Pass):
             op = graph.ops[name]
             if op.forbid_low is None:
                 op.forbid_low, changed = why, True
-        qdq = sum(1 for why in ops.values() if why == QDQ_KEEP)
+        qdq = sum(1 for why in ops.values() if why in (QDQ_KEEP, RESCALE_KEEP, QUANTIZER_INPUT_KEEP))
         details = f"{len(tensors)} values beyond {label}'s range, {len(ops) - qdq} ops kept FP32 by a numerics " \
                   f"rule, {qdq} ops in QDQ units, {len(saturated)} mask sentinels stored as +-{mask_fill(rng):.5g}"
         return PassResult(graph, changed or bool(saturated), details, NumericsFlags(tensors, ops, saturated))
@@ -242,18 +249,40 @@ def calibrated_reason(t: Tensor, rng: DtypeRange, label: str, margin: float) -> 
     return None
 
 
-def qdq_members(graph: PrecisionGraph) -> list[str]:
-    """Ops reading a DequantizeLinear output or feeding a QuantizeLinear (rule 4)."""
-    names = []
+def qdq_members(graph: PrecisionGraph) -> dict[str, str]:
+    """Ops reading a DequantizeLinear output or feeding a QuantizeLinear, and an integer GEMM's
+    rescale (rule 4), each with its reason (the first found)."""
+    names: dict[str, str] = {}
     for op in graph.ops.values():
         if op.op_type in _INTEGER_GEMMS and op.outputs and op.outputs[0]:
-            names += _rescale_of(graph, op.outputs[0])
+            for name in _rescale_of(graph, op.outputs[0]):
+                names.setdefault(name, RESCALE_KEEP)
+        elif op.op_type == "DynamicQuantizeLinear" and op.inputs and op.inputs[0]:
+            for name in _feeding(graph, op.inputs[0]):
+                names.setdefault(name, QUANTIZER_INPUT_KEEP)
         elif op.op_type == "DequantizeLinear" and op.outputs and op.outputs[0]:
-            names += [c for c, _ in graph.tensors[op.outputs[0]].consumers if graph.ops[c].op_type not in _QDQ]
+            for c, _ in graph.tensors[op.outputs[0]].consumers:
+                if graph.ops[c].op_type not in _QDQ:
+                    names.setdefault(c, QDQ_KEEP)
         elif op.op_type == "QuantizeLinear" and op.inputs and op.inputs[0]:
             producer = graph.producer(op.inputs[0])
             if producer is not None and producer.op_type not in _QDQ:
-                names.append(producer.name)
+                names.setdefault(producer.name, QDQ_KEEP)
+    return names
+
+
+def _feeding(graph: PrecisionGraph, tensor: str) -> list[str]:
+    """The ops that compute ``tensor``: back through data movement (Reshape, Transpose, ...) to the
+    first op that computes (a quantize_dynamic GPT-2's attention context MatMul: in FP16 it failed
+    validation, 1.2e-2, from the quantizer's flipped roundings alone)."""
+    names, frontier = [], [tensor]
+    while frontier:
+        op = graph.producer(frontier.pop())
+        if op is None or op.name in names or op.op_type in _QDQ or op.op_type == "DynamicQuantizeLinear":
+            continue
+        names.append(op.name)
+        if op.op_class == CLEAR and op.canonical != "cast":
+            frontier += [i for i in op.inputs[:1] if i and is_float(graph.tensors[i].dtype)]
     return names
 
 

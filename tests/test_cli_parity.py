@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler import cli, convert_onnx
+from amp_compiler.errors import ConversionError
 from cost_model import DEVICES
 
 from .builders import fin, model, nodes_of, run, weight
@@ -78,8 +79,11 @@ def test_exclude_nodes_by_pattern_stay_fp32(mlp_file, tmp_path, capsys):
     got = precisions(report)
     assert got["/head/MatMul"] == "float32" and "--exclude-nodes '/head/'" in reasons(report)["/head/MatMul"]
     assert got["/enc/0/MatMul"] == got["/enc/1/MatMul"] == "float16"
-    # re.match semantics (AutoCast's): the pattern anchors at the start of the name
-    assert precisions(convert_onnx(mlp(), planner="all", exclude_nodes=["MatMul"])[1])["/head/MatMul"] == "float16"
+    # re.match semantics (AutoCast's): the pattern anchors at the start of the name; one that matches
+    # no node had converted as if not given, and now says so
+    with pytest.raises(ConversionError, match="--exclude-nodes 'MatMul': matches no node name .*re.match"):
+        convert_onnx(mlp(), planner="all", exclude_nodes=["MatMul"])
+    assert precisions(convert_onnx(mlp(), planner="all", exclude_nodes=[".*MatMul"])[1])["/head/MatMul"] == "float32"
     with pytest.raises(ValueError, match="exclude_nodes: bad regular expression '/enc/\\('"):
         convert_onnx(mlp(), exclude_nodes=["/enc/("])
     with pytest.raises(ValueError, match="takes a list"):

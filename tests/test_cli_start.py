@@ -114,6 +114,12 @@ def test_the_console_entry_exits_at_once_with_everything_written(mlp_file, tmp_p
     failed = subprocess.run([sys.executable, "-m", "amp_compiler.cli", str(tmp_path / "no.onnx"), "-o", str(out)],
                             capture_output=True, text=True, env=env, timeout=120)
     assert failed.returncode == 2 and failed.stderr.strip().endswith("no.onnx: file not found")
+    # a warning is one line as an error is, not Python's path, "UserWarning" and source line
+    warned = subprocess.run([sys.executable, "-m", "amp_compiler.cli", str(mlp_file), "--dry-run", "--deny", "Gelu"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    lines = [line for line in warned.stderr.splitlines() if "Gelu" in line or "Warning" in line]
+    assert lines == [f"amp-compile: warning: {mlp_file}: --deny Gelu: the model has no Gelu op; the option "
+                     f"changes nothing"], warned.stderr
 
 
 def cli_report_tail(out: Path, model: Path) -> str:

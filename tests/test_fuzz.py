@@ -606,8 +606,8 @@ def run_case(seed: int, workdir: Path | None = None) -> dict:
         return result
     if model.SerializeToString() != before:
         result.update(outcome="bad output", error="convert_onnx modified the model it was given")
-    elif not _checker(converted, full=False):
-        result.update(outcome="bad output", error=_checker_error(converted, False))
+    elif not _checker(converted, full=False) and _checker(model, full=False):  # not ONNX Runtime's own ops
+        result.update(outcome="bad output", error=_checker_error(converted, False))  # (onnx_io/ort_onnx_ops.py)
     elif _checker(model, full=True) and not _checker(converted, full=True):
         result.update(outcome="bad output", error="full_check fails on the output but not the input: "
                                                   + _checker_error(converted, True))

@@ -53,7 +53,8 @@ def _norm(kind: str):
 
 
 def _convert(m, tail_fp32: bool):
-    tail = ["div", "scale", "shift"] if tail_fp32 else []
+    named = {n.name for n in m.graph.node}  # an RMSNorm has no shift (a pattern matching nothing is refused)
+    tail = [n for n in ("div", "scale", "shift") if n in named] if tail_fp32 else []
     return convert_onnx(m, planner="all", deny_propagation=True, exclude_nodes=tail)
 
 

@@ -94,3 +94,80 @@ def test_embed_layer_normalization_is_planned_and_validates(tmp_path):
     assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q", "--planner", "all"]) == 0
     ops = {op["name"]: op for op in json.loads(rep.read_text())["ops"]}
     assert ops["embed"]["class"] == "infer" and ops["embed"]["precision"] == "float16"
+
+
+def _optimized_pre_ln_block(opset: int) -> onnx.ModelProto:
+    """GPT-2's attention entry as ``optimize_model(..., model_type="gpt2")`` saves an opset-14
+    export: ONNX Runtime's own ``LayerNormalization`` in the ONNX domain (onnx has it from 17 only),
+    a ``SkipLayerNormalization`` (no schema in onnx: all behind it untyped) and a ``Split`` of the
+    QKV projection into three heads' inputs; no value_info."""
+    h = 32
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], name="ln", axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["ln", "W0"], ["h0"], name="proj"),
+             helper.make_node("SkipLayerNormalization", ["h0", "x", "g", "b"], ["sln"], name="skip_ln", domain=MS,
+                              epsilon=1e-5),
+             helper.make_node("MatMul", ["sln", "Wqkv"], ["qkv"], name="qkv"),
+             helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], name="split", axis=-1),
+             helper.make_node("Mul", ["k", "half"], ["ks"], name="scale_k"),
+             helper.make_node("Add", ["q", "ks"], ["qk"], name="add_qk"),
+             helper.make_node("Add", ["qk", "v"], ["y"], name="add_v")]
+    g = helper.make_graph(nodes, "ort_optimized_ln", [fin("x", 1, 16, h)], [fin("y", 1, 16, h)],
+                          [numpy_helper.from_array(np.ones(h, np.float32), "g"),
+                           numpy_helper.from_array(np.zeros(h, np.float32), "b"),
+                           weight("W0", h, h), weight("Wqkv", h, 3 * h),
+                           numpy_helper.from_array(np.array([h] * 3, np.int64), "sizes"),
+                           numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("planner", ["optimal", "all"], ids=["defaults", "all"])
+def test_ort_layer_norm_below_opset_17_and_split_after_contrib_ops(tmp_path, opset, planner):
+    """onnx's checker refused ONNX Runtime's ONNX-domain LayerNormalization in an opset-14 file
+    ("No Op registered for LayerNormalization with domain_version of 14"; ONNX Runtime loads it);
+    and the untyped Split behind a SkipLayerNormalization typed only its first output, so at
+    either opset the Mul on its second was "no float data" and ONNX Runtime refused the output
+    ("Type parameter (T) of Optype (Mul) bound to different types")."""
+    src, dst, rep = tmp_path / "gpt2_ort.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_optimized_pre_ln_block(opset), str(src))
+    chosen = [] if planner == "optimal" else ["--planner", planner]
+    assert main([str(src), "-o", str(dst), "--validate", "--report", str(rep), "-q", *chosen]) == 0
+    ops = {op["name"]: op for op in json.loads(rep.read_text())["ops"]}
+    assert ops["ln"]["class"] == "infer" and ops["split"]["precision"] != "n/a"
+    assert ops["scale_k"]["precision"] == ops["add_qk"]["precision"] == ops["split"]["precision"]
+    if planner == "all":
+        assert ops["ln"]["precision"] == ops["scale_k"]["precision"] == "float16"
+
+
+def _gemm_shape_names_left_behind() -> onnx.ModelProto:
+    """A 3-D MatMul + Add (ONNX Runtime's MatMulAddFusion makes it a Gemm between two Reshapes whose
+    shapes it names ``gemm_input_shape``/``gemm_output_shape``) in a file that holds initializers of
+    those names already, as one ``optimize_model`` saved does."""
+    d = 32
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Reshape", ["x", "gemm_input_shape"], ["flat"], name="flat"),
+             helper.make_node("Reshape", ["flat", "gemm_output_shape"], ["back"], name="back"),
+             helper.make_node("Add", ["a", "back"], ["y"], name="out")]
+    g = helper.make_graph(nodes, "left_behind", [fin("x", 1, 16, d)], [fin("y", 1, 16, d)],
+                          [weight("W", d, d), numpy_helper.from_array(np.zeros(d, np.float32), "b"),
+                           numpy_helper.from_array(np.array([16, d], np.int64), "gemm_input_shape"),
+                           numpy_helper.from_array(np.array([1, 16, d], np.int64), "gemm_output_shape")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_validation_opens_the_converted_file_as_it_is(tmp_path, capsys):
+    """The overflow check runs both models with their intermediate values exposed as outputs, which
+    blocks ONNX Runtime's fusions: a BERT saved by ``optimize_model`` validated, and its output then
+    failed to load at every optimisation level (MatMulAddFusion: "Attempt to replace the existing
+    tensor"). Here the source fails the same way, and the line says so; nothing is written."""
+    src, dst = tmp_path / "left_behind.onnx", tmp_path / "out.onnx"
+    onnx.save(_gemm_shape_names_left_behind(), str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "-q", "--planner", "all"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the converted model: ONNX Runtime: cannot load it: " in err and "replace the existing tensor" in err, err
+    assert err.endswith("(the FP32 model fails the same way as it is: ONNX Runtime refuses the source file)")
+    assert not dst.exists()

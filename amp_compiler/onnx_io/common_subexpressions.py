@@ -31,15 +31,16 @@ _NONDETERMINISTIC = frozenset({"Dropout", "Multinomial", "Bernoulli", "RandomNor
                                "RandomUniform", "RandomUniformLike"})
 
 
-def merge_duplicates(imp: OnnxImport) -> Counter:
-    """Merge duplicate ops of ``imp.graph`` into their first occurrence (see module docstring);
+def merge_duplicates(imp: OnnxImport, keep: set[str] = frozenset()) -> Counter:
+    """Merge duplicate ops of ``imp.graph`` into their first occurrence (see module docstring),
+    except the ops named in ``keep`` (a ``--deny-node`` names one: it must stay what it names);
     returns how many of each op type were merged."""
     graph = imp.graph
     by_inputs: dict[tuple, list[Op]] = {}  # (op type, inputs) -> ops so far: most ops share them with none
     keys: dict[str, tuple | None] = {}  # op name -> ``_key``, worked out only for ops that share them
     merged: Counter = Counter()
     for op in list(graph.ops.values()):
-        if op.scope or not any(op.inputs):
+        if op.scope or not any(op.inputs) or op.name in keep:
             continue
         earlier = by_inputs.setdefault((op.op_type, tuple(op.inputs)), [])
         earlier.append(op)

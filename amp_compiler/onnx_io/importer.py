@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, numpy_helper
 
 from ..errors import ConversionError
 from ..ir import ACTIVATION, CONSTANT, GRAPH_INPUT, Op, PortGroup, PrecisionGraph, Tensor
@@ -105,6 +105,8 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
             else:
                 graph.tensors[init.name].stats = ValueStats.of_chunks(iter_chunks(init, imp.base_dir))
             graph.tensors[init.name].origin = "initializer"
+        elif init.data_type == TensorProto.FLOAT16 and len(init.dims) <= 1 and sum(init.dims) <= _SMALL_FP16:
+            graph.tensors[init.name].stats = _fp16_stats(init)  # a Pow's exponent in an FP16 model (rule 9)
     for k, inp in enumerate(g.input):
         if inp.name in imp.initializers:
             continue
@@ -342,6 +344,8 @@ def _constant_stats(node: NodeProto) -> ValueStats | None:
     for a in node.attribute:
         if a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
             values = _float_values(a.t)
+        elif a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT16:
+            return _fp16_stats(a.t)
         elif a.name in ("value_float", "value_floats"):
             values = np.asarray([a.f] if a.name == "value_float" else list(a.floats), dtype=np.float32)
         else:
@@ -349,6 +353,19 @@ def _constant_stats(node: NodeProto) -> ValueStats | None:
         if values is not None:
             return stats_of(values)
     return None
+
+
+#: FP16 initializers up to this many elements get statistics (a scalar exponent; weights need none)
+_SMALL_FP16 = 64
+
+
+def _fp16_stats(t: TensorProto) -> ValueStats | None:
+    """Statistics of a small FP16 constant: a Pow's exponent 3 stored FP16 by ONNX Runtime's float16
+    tool, or by an earlier run of ours, had no value, so GELU's x**3 stayed deny (numerics rule 9)."""
+    if t.data_location == TensorProto.EXTERNAL:
+        return None
+    values = numpy_helper.to_array(t).astype(np.float32).ravel()
+    return stats_of(values) if values.size else None
 
 
 def _float_values(init: TensorProto) -> np.ndarray | None:

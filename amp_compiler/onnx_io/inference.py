@@ -17,6 +17,7 @@ import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
 
 from ..errors import ConversionError
+from .ort_onnx_ops import stand_in_for_inference
 from .skeleton import skeleton_copy
 from .structure import graphs
 from .tensors import INLINE_BYTES, approx_nbytes, is_external, iter_tensors
@@ -32,8 +33,10 @@ _CHECKER_CONTEXT = re.compile(r"Name: (.*?) OpType: (\S+)")
 
 def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None) -> ModelProto:
     """A copy of ``model`` whose large or float tensors are data-less placeholders (``stand_ins``
-    receives them)."""
-    return skeleton_copy(model, _strip, stand_ins)
+    receives them), ONNX Runtime's ONNX-domain ops written as ops onnx knows (``ort_onnx_ops``)."""
+    light = skeleton_copy(model, _strip, stand_ins)
+    stand_in_for_inference(light, graphs)
+    return light
 
 
 def _strip(t: TensorProto) -> list[tuple[str, str]] | None:

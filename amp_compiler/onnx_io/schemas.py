@@ -13,6 +13,7 @@ from functools import lru_cache
 import onnx.defs
 
 from ..ir import PortGroup
+from .ort_onnx_ops import schema as ort_schema
 
 _ONNX_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
 
@@ -23,7 +24,9 @@ def port_groups(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs:
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:  # onnx raises SchemaError; no schema means the registry decides alone
-        return None
+        schema = ort_schema(op_type, opset) if domain == "" else None  # ONNX Runtime's LayerNorm below 17
+        if schema is None:
+            return None
     params = {tc.type_param_str: frozenset(tc.allowed_type_strs) for tc in schema.type_constraints}
     # A type parameter of sequence/optional values next to other type parameters (SequenceConstruct,
     # OptionalGetElement, ...): dtypes flow between parameters through values the IR does not track,

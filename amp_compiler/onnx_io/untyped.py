@@ -17,6 +17,7 @@ import onnx
 
 from ..dtypes import is_float
 from ..ir import Op, PrecisionGraph
+from .ort_onnx_ops import schema as onnx_schema
 
 __all__ = ["type_untyped"]
 
@@ -43,13 +44,14 @@ def _same_typed_input(graph: PrecisionGraph, op: Op, port: int) -> str | None:
     if op.domain not in ("", "ai.onnx"):
         floats = (i for i in op.inputs if i and is_float(graph.tensors[i].dtype))
         return next(floats, None) if port == 0 else None
-    try:
-        schema = onnx.defs.get_schema(op.op_type, graph.opsets.get("", 0), "")
-    except onnx.defs.SchemaError:
+    schema = onnx_schema(op.op_type, graph.opsets.get("", 0))  # ONNX Runtime's LayerNorm below 17 too
+    if schema is None:
         return None
-    if port >= len(schema.outputs):
+    formals = schema.outputs
+    variadic = bool(formals) and formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    if port >= len(formals) and not variadic:
         return None
-    type_str = schema.outputs[port].type_str
+    type_str = formals[min(port, len(formals) - 1)].type_str  # Split's outputs 1.. are its variadic formal
     for k, formal in enumerate(schema.inputs):
         if formal.type_str == type_str and k < len(op.inputs) and op.inputs[k]:
             return op.inputs[k]

@@ -26,10 +26,10 @@ def render_text(report, max_rows: int | None = 60) -> str:
     # header
     title = trunc_end(clean(report.title()), W)
     out += [title, "═" * display_width(title)]
-    if s.get("nothing_to_do"):  # a model converted before, unchanged
-        out.append(trunc_end("! " + clean(s["nothing_to_do"]), W))
-    if s.get("merged_duplicates"):  # ops merged as ONNX Runtime's CSE would (onnx_io/common_subexpressions.py)
-        out.append(trunc_end("! " + clean(s["merged_duplicates"]), W))
+    # a model converted before: unchanged, or what changed; ops merged as ONNX Runtime's CSE would
+    for key in ("nothing_to_do", "raised_from_low", "merged_duplicates"):
+        if s.get(key):
+            out.append(trunc_end("! " + clean(s[key]), W))
     if s.get("exported_in_training"):  # Dropout/BatchNormalization left in training mode by the export
         out.append(trunc_end("! " + clean(s["exported_in_training"]), W))
     if s.get("guessed_gemm_sizes"):  # GEMMs read dims shape inference made up (sized --default-dim)
