@@ -130,3 +130,24 @@ def test_fallback_on_a_bf16_plan_runs_and_speaks_of_bf16(tmp_path):
              or "fallback:" in o["reason"]]
     assert moved and all("BF16" in o["reason"] and "FP16" not in o["reason"] for o in moved)
     assert data["fallback"]["max_rel_error"] <= 1e-6
+
+
+def test_bf16_loop_carried_values_run_rounded_each_iteration():
+    """A ``Loop`` hands its BF16 carried value to its body as it is; the body's product is rounded
+    to BF16 every iteration, as stored."""
+    mk = helper.make_node
+    body = helper.make_graph(
+        [mk("Identity", ["cond_in"], ["cond_out"]), mk("Mul", ["v_in", "k"], ["v_out"])], "body",
+        [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("v_in", 3, dtype=BF16)],
+        [fin("cond_out", dtype=TensorProto.BOOL), fin("v_out", 3, dtype=BF16)])
+    m = model([mk("Cast", ["x"], ["xb"], to=BF16), mk("Loop", ["n", "c", "xb"], ["vb"], body=body),
+               mk("Cast", ["vb"], ["y"], to=TensorProto.FLOAT)],
+              [fin("x", 3)], [fin("y", 3)],
+              [helper.make_tensor("n", TensorProto.INT64, [], [5]), helper.make_tensor("c", TensorProto.BOOL, [], [True]),
+               _bf16_tensor("k", np.full(3, 1.1, np.float32))],
+              value_info=[fin("xb", 3, dtype=BF16), fin("vb", 3, dtype=BF16)])
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    want, k = _bf16(x), _bf16(np.full(3, 1.1, np.float32))
+    for _ in range(5):
+        want = _bf16(want * k)
+    np.testing.assert_array_equal(run_model(m, {"x": x})[0], want)
