@@ -23,8 +23,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import loss_scale as ls
 from . import optim as fopt
-from torch.nn.utils.stateless import _reparametrize_module as reparametrized
 from .errors import ConversionError
+from .fx_io.swap import swapped
 
 
 @dataclass
@@ -106,7 +106,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
         # forward and backward both see the step's parameters: a gradient checkpoint recomputes its segment
         # during the backward, after functional_call would have put the module's own back (architecture.md, "Training")
-        with reparametrized(setup.model, named, tie_weights=True):
+        with swapped(setup.model, named):
             loss = setup.loss_fn(setup.model(*inputs), *targets)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
