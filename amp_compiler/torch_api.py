@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
@@ -47,6 +48,7 @@ from .dynamo_route import DynamoRoute
 from .errors import ConversionError
 from .export_route import ExportRoute, plan_context
 from .fx_io.autograd_functions import CustomBackwardError
+from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.inference_grad import warn_no_weight_grad
 from .fx_io.mode import effective_training
@@ -73,7 +75,8 @@ class AmpModule(torch.nn.Module):
         # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
         # others are made (planned on their first call) by route_for
         self.__dict__.update(_routes={}, _route_for=route_for)
-        self.__dict__.update(_mode=self._route_key(), _hooks=HookWatch(model))
+        self.__dict__.update(_flags=FlagWatch(model), _hooks=HookWatch(model))
+        self.__dict__.update(_mode=self._route_key())
 
     @property
     def capture(self) -> str:
@@ -99,6 +102,7 @@ class AmpModule(torch.nn.Module):
         """``(call shapes, report)`` of each plan held, least recently used first."""
         return [(p.shapes, p.report) for p in self._all_plans()]
 
+    @torch.compiler.disable  # torch.compile(amp_model) runs the plans as they are (docs/architecture.md)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._follow_mode()
         first = isinstance(self._route, _FirstCall)
@@ -107,6 +111,9 @@ class AmpModule(torch.nn.Module):
         plan, out = self._route.call(args, kwargs)
         if first:
             self._hooks.reset()
+        flags = self._flags.values()
+        if flags != self._mode[2]:  # the forward wrote them: state, not flags (fx_io/flags.py)
+            self._rekey(self._flags.forget(self._mode[2], flags))
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
@@ -170,26 +177,44 @@ class AmpModule(torch.nn.Module):
         self.training = bool(mode)
         return self
 
-    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None]:
-        """The model's mode and, where its plans keep gradients, which parameters require them (a
-        frozen one is folded into an FP16 constant: unfrozen, it would get no gradient)."""
+    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None, tuple]:
+        """The model's mode, where its plans keep gradients which parameters require them (a frozen one
+        is folded into an FP16 constant: unfrozen, it would get no gradient), and its Python flags
+        (a capture bakes their branches in: fx_io/flags.py)."""
         model, training = self._route.model, self._recompile.get("training")
         mode = effective_training(model)  # a wrapper made after .eval() is in train mode at its root only
         keeps = mode if training is None else training
-        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None
+        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None, self._flags.values()
 
     def _follow_mode(self) -> None:
-        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own) and
-        trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
+        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own),
+        Python flags and trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
         the frozen parameters folded, so each has its route, planned on its first call
         (docs/architecture.md, "Capture routes and shapes")."""
         key = self._route_key()
         if key == self._mode:
             return
+        if key not in self._routes and key[2] != self._mode[2]:
+            restless = self._flags.restless(self._mode[2], key[2])
+            if restless:  # a counter, not a flag: watched no more
+                names = ", ".join(self._flags.slots[i][2] for i in restless)
+                self._rekey(self._flags.drop(set(restless)))
+                warnings.warn(f"amp_compiler: AmpModule({self._source}): {names} changed between calls "
+                              f"{RESTLESS} times: taken as state, not a flag, so its changes no longer plan again "
+                              f"(a branch on it keeps the value its plan was captured with)", stacklevel=4)
+                return self._follow_mode()
+            warnings.warn(f"amp_compiler: AmpModule({self._source}): {self._flags.describe(self._mode[2], key[2])} "
+                          f"since its plans were made, which baked the old value in: planned again for the new "
+                          f"one (as torch.compile recompiles)", stacklevel=4)
         self._routes[self._mode] = self._route
         route = self._routes.pop(key, None) or self._route_for(key[0])
         self.__dict__.update(_route=route, _mode=key)
         self.training = key[0]
+
+    def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
+        """Re-key the routes after the flags watch dropped attributes (``drop`` removes them from a key)."""
+        self.__dict__.update(_mode=(*self._mode[:2], drop(self._mode[2])),
+                             _routes={(*k[:2], drop(k[2])): route for k, route in self._routes.items()})
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
