@@ -64,6 +64,17 @@ class Setup:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
 
 
+def _what(loss: Any) -> str:
+    """What a loss_fn returned instead of a scalar, and for a dict (a ``ModelOutput``) which key to return."""
+    if isinstance(loss, torch.Tensor):
+        return f"shape {tuple(loss.shape)} (reduce it: .mean() or .sum())"
+    if isinstance(loss, Mapping):
+        keys = ", ".join(repr(k) for k in list(loss)[:4])
+        pick = "'loss'" if "loss" in loss else "the loss's key"
+        return f"a {type(loss).__name__} ({keys}): return its loss tensor (out[{pick}])"
+    return type(loss).__name__
+
+
 @dataclass
 class Traced:
     """A traced step; a symbolic one also says which calls it takes and names its batch symbols."""
@@ -109,8 +120,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         with swapped(setup.model, named):
             loss = setup.loss_fn(setup.model(*inputs), *targets)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
+                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {_what(loss)}")
             with ls.fp32_ops(fp32):
                 seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
             grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss

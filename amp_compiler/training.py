@@ -355,12 +355,19 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     for name, bound in (("max_grad_norm", max_grad_norm), ("max_grad_value", max_grad_value)):
         if bound is not None and not bound > 0:
             raise ValueError(f"compile_training: {name} must be > 0, got {bound!r}")
+    _check_sparse(model)
     params = dict(model.named_parameters())
     name_of = {id(p): n for n, p in params.items()}
+    buffer_of = {id(b): n for n, b in model.named_buffers()}
     trainable, sizes = [], []
     for group in optimizer.param_groups:
         names = [name_of.get(id(p)) for p in group["params"] if p.requires_grad]
         if None in names:
+            stray = next(p for p in group["params"] if p.requires_grad and id(p) not in name_of)
+            if id(stray) in buffer_of:  # register_buffer(...) + requires_grad_(): a parameter in disguise
+                raise ConversionError("compile_training", "optimizer", f"holds the model's buffer "
+                                      f"{buffer_of[id(stray)]!r}, which requires grad: the step trains parameters; "
+                                      f"make it one (nn.Parameter instead of register_buffer)")
             raise ConversionError("compile_training", "optimizer", "holds a parameter that is not the model's")
         trainable += names
         sizes.append(len(names))
@@ -372,6 +379,17 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
                  sizes, n_targets, accumulation_steps, max_grad_norm, keep_grads, all_reduce,
                  tuple(n for n, p in params.items() if p.requires_grad), max_grad_value,
                  wrapper if all_reduce is not None else None)
+
+
+def _check_sparse(model: torch.nn.Module) -> None:
+    """Refuse a trainable ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)``: its gradient is sparse, and
+    the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend)."""
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "sparse", False) and isinstance(weight, torch.Tensor) and weight.requires_grad:
+            raise ConversionError("compile_training", f"module {name}", f"{type(module).__name__}(sparse=True) makes "
+                                  "sparse gradients, which the captured step does not hold: use sparse=False "
+                                  "(dense gradients, with any optimizer but SparseAdam)")
 
 
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from amp_compiler.errors import ConversionError  # noqa: E402
 from amp_compiler.training import compile_training  # noqa: E402
 
 from .test_training import _assert_same_params, _eager_step  # noqa: E402
@@ -51,3 +52,30 @@ def test_shared_weights_stay_the_models_own_and_train_as_eager(tie):
     _assert_same_params(eager, captured, rtol=1e-4, atol=1e-5)
     with torch.no_grad():
         torch.testing.assert_close(captured(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
+def _embedding_model(**kw) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.EmbeddingBag(50, 16, **kw), torch.nn.Linear(16, 4))
+
+
+def _ids() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(0, 50, (8, 6)), torch.randint(0, 4, (8,))
+
+
+def test_habits_it_cannot_train_are_one_line_each_naming_the_fix():
+    """Before: a sparse embedding failed inside aten ('aten::ne.Scalar' on 'SparseCPU'), a buffer made
+    trainable was 'a parameter that is not the model's', a dict loss named only its type."""
+    sparse = _embedding_model(sparse=True)
+    with pytest.raises(ConversionError, match=r"^compile_training: module 0: EmbeddingBag\(sparse=True\) makes sparse "
+                                        r"gradients.*use sparse=False"):
+        compile_training(sparse, F.cross_entropy, torch.optim.SGD(sparse.parameters(), lr=0.1), _ids())
+    model = _embedding_model()
+    model.register_buffer("temperature", torch.ones(()))
+    model.temperature.requires_grad_()
+    opt = torch.optim.SGD([*model.parameters(), model.temperature], lr=0.1)
+    with pytest.raises(ConversionError, match=r"holds the model's buffer 'temperature', which requires grad.*nn.Parameter"):
+        compile_training(model, F.cross_entropy, opt, _ids())
+    model = _embedding_model()
+    with pytest.raises(ConversionError, match=r"got a dict \('loss', 'acc'\): return its loss tensor \(out\['loss'\]\)"):
+        compile_training(model, lambda out, y: {"loss": F.cross_entropy(out, y), "acc": out.argmax(-1).eq(y).float()},
+                         torch.optim.SGD(model.parameters(), lr=0.1), _ids())
