@@ -217,7 +217,14 @@ class AmpModule(torch.nn.Module):
                              _routes={(*k[:2], drop(k[2])): route for k, route in self._routes.items()})
 
     def _apply(self, fn, recurse: bool = True):
+        """``.to(device)`` moves the plans' graphs and folded copies; a dtype change (``.double()``,
+        ``.to(torch.float64)``) drops the plans, made for the old dtypes, and the next call plans again
+        (the folded FP16 copies had been converted too: "mat1 and mat2 must have the same dtype")."""
+        model = self._route.model
+        before = [t.dtype for t in (*model.parameters(), *model.buffers())]
         super()._apply(fn, recurse)
+        if before != [t.dtype for t in (*model.parameters(), *model.buffers())]:
+            self.__dict__.update(_routes={}, _route=self._route_for(self._mode[0]))
         for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)

@@ -126,3 +126,21 @@ def test_torch_compile_of_an_amp_module_runs_its_plans_without_tracing_into_them
                 x, y = torch.randn(n, 32), torch.randn(n, 32)
                 torch.testing.assert_close(compiled(x, y), model(x, y), atol=1e-2, rtol=1e-2)
     assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
+def test_a_dtype_change_after_compiling_plans_again():
+    """``amp.double()`` then ``amp.float()`` (or ``.half()`` then ``.float()``) had converted the plans'
+    folded FP16 weights too, and the next call failed: 'mat1 and mat2 must have the same dtype'."""
+    model = _TwoInputs().eval()
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    amp = amp_compiler.compile(model, (x, y), planner="all")
+    with torch.no_grad():
+        amp.to(torch.float64)
+        out = amp(x.double(), y.double())
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, model(x.double(), y.double()))  # a float64 model is not planned
+        with pytest.warns(UserWarning, match="keep the module float32"):
+            amp.half()
+        amp.float()
+        torch.testing.assert_close(amp(x, y), model(x, y), atol=1e-2, rtol=1e-2)
+    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
