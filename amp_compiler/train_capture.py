@@ -231,8 +231,11 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
             for out in op.outputs:
                 imp.graph.tensors[out].unscale_marker = True
     ir_of = {node.name: op for op, node in imp.nodes.items()}
-    deny_nodes = set(opts.pop("deny_nodes", ())) | {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
-    ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
+    ours = {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
+    ctx = make_context(dtype=low, training=True, deny_nodes=set(opts.pop("deny_nodes", ())) | ours, **opts)
+    # said as what they are: they had read "node named by the user (--deny-node)" in the report
+    ctx.deny_node_reasons = dict.fromkeys(ours, "deny: loss scaling and the optimizer's step arithmetic stay FP32 "
+                                                "(compile_training)")
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp, result)
     report = build_report(result)  # after emission: counts the casts the emitter added

@@ -18,12 +18,15 @@ from typing import Any, Callable
 
 import torch
 
+from cost_model.runtime import default_runtime
+
 from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
 from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
+from .plan import make_context
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
 
@@ -277,9 +280,13 @@ class TrainStep:
         if self._warned_fp32 or summary.get("fp16_nodes", 1) or self.plan_options.get("planner") != "optimal":
             return
         self._warned_fp32 = True
+        change = ('backend="inductor" (casts fuse), ' if self.plan_options["runtime"] == "eager" else "") + \
+            ('objective="memory", ' if self.plan_options["objective"] == "time" else "")
         warnings.warn(f"compile_training: the plan runs the whole step in FP32: on {self.plan_options['target']} "
                       f"the cost model finds this model's ops too small for low precision to pay for its casts "
-                      f"(launch-bound); planner='greedy' forces the GEMMs to FP16", stacklevel=5)
+                      f"(launch-bound, {self.plan_options['runtime']} runtime); would change it: {change}or "
+                      f"planner='greedy' (forces the GEMMs to FP16); the numbers are in "
+                      f"step.report.summary['fp32_tensor_core_why']", stacklevel=5)
 
     @property
     def captures(self) -> list[dict[str, Any]]:
@@ -399,7 +406,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
-                     max_captures: int = 8, max_grad_value: float | None = None) -> TrainStep:
+                     max_captures: int = 8, max_grad_value: float | None = None, deploy: str | None = None,
+                     objective: str = "time") -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
@@ -415,7 +423,10 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     is cleared, with a warning). An inf/NaN gradient skips the step and backs the loss scale off, with
     or without clipping. ``keep_grads`` writes the (clipped) gradients to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
     and that capture serves its later sizes; captures are at most ``max_captures``.
-    ``step.report`` is the per-op report of the last graph run.
+    ``step.report`` is the per-op report of the last graph run. ``deploy`` names the runtime profile
+    the cost model prices (default: ``inductor`` with ``backend="inductor"``, which fuses casts into
+    their neighbours, else ``eager``), ``objective`` ``"time"``, ``"memory"`` or ``"fastest"``, as for
+    ``compile``.
     """
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
@@ -433,5 +444,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     warn_if_low_precision(setup.model, "compile_training")
     warn_if_hooked(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
-                        deny_propagation=deny_propagation)
+                        deny_propagation=deny_propagation, objective=objective,
+                        runtime=deploy or default_runtime("torch", backend))
+    make_context(**{**plan_options, "dtype": str(dtype), "deny_nodes": ()})  # bad options fail before tracing
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)
