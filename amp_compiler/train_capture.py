@@ -64,6 +64,18 @@ class Setup:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
 
 
+def _refuse_unused(names: list[str], grads: tuple) -> None:
+    """A trainable parameter the loss does not reach: eager's optimizer skips it (``grad`` is None), the
+    captured step would update it; said with the fix (it had failed in autograd: 'appears to not have
+    been used in the graph')."""
+    unused = [name for name, g in zip(names, grads) if g is None]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise ConversionError("compile_training", f"parameter {unused[0]}{more}",
+                              "gets no gradient (the loss does not depend on it in this step): freeze it, "
+                              "requires_grad_(False), while it is unused; unfreezing it later captures again")
+
+
 def _what(loss: Any) -> str:
     """What a loss_fn returned instead of a scalar, and for a dict (a ``ModelOutput``) which key to return."""
     if isinstance(loss, torch.Tensor):
@@ -123,7 +135,8 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                 raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {_what(loss)}")
             with ls.fp32_ops(fp32):
                 seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
-            grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
+            grads = torch.autograd.grad(seed, p_req, allow_unused=True)  # the backward seed is the scaled loss
+        _refuse_unused(setup.trainable, grads)
         grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
         if prev is not None:
             grads = [a + g for a, g in zip(prev, grads)]

@@ -79,3 +79,17 @@ def test_habits_it_cannot_train_are_one_line_each_naming_the_fix():
     with pytest.raises(ConversionError, match=r"got a dict \('loss', 'acc'\): return its loss tensor \(out\['loss'\]\)"):
         compile_training(model, lambda out, y: {"loss": F.cross_entropy(out, y), "acc": out.argmax(-1).eq(y).float()},
                          torch.optim.SGD(model.parameters(), lr=0.1), _ids())
+
+
+def test_a_parameter_the_loss_does_not_reach_is_named_with_the_fix():
+    """Before: autograd's 'The differentiated Tensor at index 2 appears to not have been used in the graph'."""
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(16, 4), "spare_head": torch.nn.Linear(16, 4)})
+    model.forward = lambda x: model["used"](x)
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    with pytest.raises(ConversionError, match=r"^compile_training: parameter spare_head.weight \(and 1 more\): gets "
+                                              r"no gradient.*requires_grad_\(False\)"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+    model["spare_head"].requires_grad_(False)
+    with pytest.warns(UserWarning):  # planned FP32 at this size, and said
+        step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+    assert float(step(*batch)) > 0
