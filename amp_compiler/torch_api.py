@@ -201,7 +201,8 @@ class AmpModule(torch.nn.Module):
                 self._rekey(self._flags.drop(set(restless)))
                 warnings.warn(f"amp_compiler: AmpModule({self._source}): {names} changed between calls "
                               f"{RESTLESS} times: taken as state, not a flag, so its changes no longer plan again "
-                              f"(a branch on it keeps the value its plan was captured with)", stacklevel=4)
+                              f"(a branch on it keeps the value its plan was captured with; a value that varies by call "
+                              f"belongs in a tensor buffer, which the plans read)", stacklevel=4)
                 return self._follow_mode()
             warnings.warn(f"amp_compiler: AmpModule({self._source}): {self._flags.describe(self._mode[2], key[2])} "
                           f"since its plans were made, which baked the old value in: planned again for the new "

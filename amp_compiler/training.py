@@ -24,6 +24,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
+from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
 from .plan import make_context
@@ -73,6 +74,7 @@ class TrainStep:
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
         self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
+        self._flags = FlagWatch(self.model)  # Python flags the trace bakes in: part of the key (fx_io/flags.py)
         self._select(tuple(example_batch))
 
     # -- running --------------------------------------------------------------------------------
@@ -176,12 +178,44 @@ class TrainStep:
         key = (update, has_acc, tuple((tuple(t.shape), t.dtype) for t in batch),
                fopt.state_layout(states).signature() if update else None,
                fopt.hyper_key(self.optimizer) if update else None, self.model.training,
-               tuple(n for n, p in self._params.items() if p.requires_grad))
+               tuple(n for n, p in self._params.items() if p.requires_grad), self._flags.values())
         cap = self._captures.get(key) or self._taken.get(key) or self._symbolic_taking(key, batch)
+        if cap is None and self._flag_changed(key):
+            return self._select(batch)  # a counter was dropped from the watch: keyed again
         if cap is None:
             cap = self._capture(key, Variant(update, has_acc, len(batch)), states, batch)
+            after = self._flags.values()
+            if after != key[-1]:  # the traced forward wrote them: state, not flags
+                self._rekey(self._flags.forget(key[-1], after))
         self.report, self.graph_module, self.report_nodes = cap.report, cap.graph_module, cap.report_nodes
         return cap
+
+    def _flag_changed(self, key: tuple) -> bool:
+        """Warn that a Python flag changed since a capture that differs only by it (it is captured again),
+        or, when its changes made ``RESTLESS`` captures, drop it from the watch (True: key again)."""
+        old = next((k[-1] for k in self._captures if k[:-1] == key[:-1]), None)
+        if old is None:
+            return False
+        restless = self._flags.restless(old, key[-1])
+        if restless:
+            names = ", ".join(self._flags.slots[i][2] for i in restless)
+            self._rekey(self._flags.drop(set(restless)))
+            warnings.warn(f"compile_training: {names} changed between steps {RESTLESS} times: taken as state, not "
+                          f"a flag, so its changes no longer capture again (the step keeps the value it was captured "
+                          f"with; a value that varies by step belongs in a tensor buffer, which the step reads)",
+                          stacklevel=4)
+            return True
+        warnings.warn(f"compile_training: {self._flags.describe(old, key[-1])} since the step was captured, which "
+                      f"baked the old value in: captured again for the new one", stacklevel=4)
+        return False
+
+    def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
+        """Re-key the captures after the flags watch dropped attributes (``drop`` removes them from a key)."""
+        def again(k: tuple) -> tuple:
+            return (*k[:-1], drop(k[-1]))
+        self._captures = {again(k): c for k, c in self._captures.items()}
+        self._taken = {again(k): c for k, c in self._taken.items()}
+        self._static_only = {again(f) for f in self._static_only}
 
     def _symbolic_taking(self, key: tuple, batch: tuple) -> _Capture | None:
         """A symbolic capture of the key's family whose guards take the batch (remembered for the key)."""

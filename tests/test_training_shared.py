@@ -4,6 +4,8 @@ layers. The model keeps its own parameters after the capture, and trains as eage
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -93,3 +95,56 @@ def test_a_parameter_the_loss_does_not_reach_is_named_with_the_fix():
     with pytest.warns(UserWarning):  # planned FP32 at this size, and said
         step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), batch)
     assert float(step(*batch)) > 0
+
+
+class _Switch(torch.nn.Module):
+    """A Python flag the forward branches on, and a call counter it writes (state, not a flag)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+        self.residual, self.calls = False, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        h = F.gelu(self.l1(x))
+        return self.l2(h + x if self.residual else h)
+
+
+def test_a_flag_changed_mid_training_is_captured_again_and_a_counter_is_not():
+    """Before: the step captured with ``residual=False`` kept training that graph after ``residual = True``."""
+    torch.manual_seed(0)
+    captured, eager = _Switch(), _Switch()
+    eager.load_state_dict(captured.state_dict())
+    opt_c, opt_e = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (captured, eager))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    with pytest.warns(UserWarning):  # planned FP32 at this size, and said
+        step = compile_training(captured, F.cross_entropy, opt_c, (x, y))
+    step(x, y)  # the traced forward's counter write is state: no recapture, no warning
+    _eager_step(eager, opt_e, x, y)
+    captured.residual = eager.residual = True
+    with pytest.warns(UserWarning, match=r"residual False -> True since the step was captured"):
+        step(x, y)
+    _eager_step(eager, opt_e, x, y)
+    assert len(step.captures) == 2  # the example's and the flag's (plain SGD keeps no state)
+    _assert_same_params(eager, captured, rtol=1e-4, atol=1e-5)
+
+
+def test_a_value_set_at_every_step_is_dropped_from_the_watch_with_advice():
+    """A temperature annealed as a Python float at every step would capture at every step: after
+    ``RESTLESS`` captures it is taken as state, and the warning says to make it a tensor buffer."""
+    from amp_compiler.fx_io.flags import RESTLESS
+    model = _Switch()
+    model.temperature = 1.0
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    with pytest.warns(UserWarning):
+        step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for i in range(RESTLESS + 3):
+            model.temperature = 1.0 / (i + 2)
+            step(*batch)
+    messages = [str(w.message) for w in said]
+    assert sum("taken as state" in m and "tensor buffer" in m for m in messages) == 1, messages
+    assert len(step.captures) <= RESTLESS
