@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 
 import amp_compiler  # noqa: E402
 
+from .test_training_shared import _Switch  # noqa: E402
+
 
 class _TwoInputs(torch.nn.Module):
     def __init__(self) -> None:
@@ -62,35 +64,25 @@ def test_threads_capturing_at_once_each_get_their_own_right_outputs():
     assert 1 <= amp.plans <= 3  # a static plan, then symbolic ones the later sizes share
 
 
-class _Flagged(torch.nn.Module):
-    """Branches on a Python flag, and counts its calls (state the forward writes, not a flag)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
-        self.use_b, self.calls = False, 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        y = self.a(x)
-        return self.b(y) if self.use_b else y
-
-
 def test_a_flag_set_after_compiling_is_planned_again_not_ignored():
-    """Before: the plan captured with ``use_b=False`` kept running after ``use_b = True`` (error 1.8)."""
-    model = _Flagged().eval()
-    x = torch.randn(4, 32)
+    """Before: the plan captured with a flag off kept running after it was set on (two Linears: error 1.8)."""
+    model = _Switch().eval()
+    x = torch.randn(4, 16)
     amp = amp_compiler.compile(model, (x,), planner="all")
-    expected = {flag: _Flagged.forward(model, x).detach() for flag in (False, True) if not setattr(model, "use_b", flag)}
-    model.use_b, model.calls = False, 0
-    with pytest.warns(UserWarning, match=r"use_b False -> True since its plans were made"), torch.no_grad():
+    expected = {}
+    with torch.no_grad():
+        for flag in (False, True):
+            model.residual = flag
+            expected[flag] = model(x)
+    model.residual, model.calls = False, 0  # as compiled: the eager calls moved the counter
+    with pytest.warns(UserWarning, match=r"residual False -> True since its plans were made"), torch.no_grad():
         assert torch.allclose(amp(x), expected[False], atol=1e-2, rtol=1e-2)
-        model.use_b = True
+        model.residual = True
         out = amp(x)
     torch.testing.assert_close(out, expected[True], atol=1e-2, rtol=1e-2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # back to a value planned before: its route, no warning
-        model.use_b = False
+        model.residual = False
         with torch.no_grad():
             torch.testing.assert_close(amp(x), expected[False], atol=1e-2, rtol=1e-2)
     assert amp.plans == 2
@@ -100,14 +92,14 @@ def test_a_counter_changed_between_calls_stops_being_watched():
     """An attribute eager calls keep changing (a call counter) is state: after ``RESTLESS`` recaptures
     for it, its changes plan nothing more, and a warning says so once."""
     from amp_compiler.fx_io.flags import RESTLESS
-    model = _Flagged().eval()
-    x = torch.randn(4, 32)
+    model = _Switch().eval()
+    x = torch.randn(4, 16)
     amp = amp_compiler.compile(model, (x,), planner="all")
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
         warnings.simplefilter("always")
         for _ in range(RESTLESS + 3):
             model(x)  # the counter moves
-            torch.testing.assert_close(amp(x), model.a(x), atol=1e-2, rtol=1e-2)
+            torch.testing.assert_close(amp(x), _Switch.forward(model, x), atol=1e-2, rtol=1e-2)
     messages = [str(w.message) for w in said]
     assert sum("calls changed between calls" in m for m in messages) == 1, messages
     assert sum("since its plans were made" in m for m in messages) == RESTLESS - 1  # recaptures, then none

@@ -5,8 +5,9 @@ from several threads, with keyword arguments in any order.
 and dynamo's compile patch process-wide state (module ``__call__``, the export-region flag, the
 fake mode), so a capture beside another capture or a run breaks both ("Trying to pop empty
 mode stack", "fake_mode.in_kernel_invocation must be False"). Runs of planned graphs share it
-(``running``), captures hold it alone (``capturing``, which waiting runs let go first). ``kwarg_order`` puts a call's keyword arguments in the forward's
-order, so ``amp(a=x, b=y)`` and ``amp(b=y, a=x)`` are one call key and one plan.
+(``running``), captures hold it alone (``capturing``, which waiting runs let go first).
+``kwarg_order`` puts a call's keyword arguments in the forward's order, so ``amp(a=x, b=y)`` and
+``amp(b=y, a=x)`` are one call key and one plan.
 """
 
 from __future__ import annotations
