@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .backend import amp_compiler_backend
+from .fx_io.serving import CAPTURE_LOCK
 from .fx_io.plans import Plan, PlanCache, describe_key, merge_reports
 from .report import Report
 
@@ -41,7 +42,12 @@ class DynamoRoute:
 
     def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
-        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning."""
+        need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning.
+        Calls hold ``CAPTURE_LOCK``: any call may compile, and which graphs ran is the route's state."""
+        with CAPTURE_LOCK.capturing():
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         cache = self.cache
         at_limit = len(cache.plans) >= cache.limit
         self._ran = []

@@ -38,164 +38,26 @@ import copy
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
-from torch import fx
-from torch.utils import _pytree as pytree
-
-from cost_model.runtime import default_runtime
 
 from .dims import check_sizes
 from .dtypes import normalize_low_dtype
 from .dynamo_route import DynamoRoute
 from .errors import ConversionError
+from .export_route import ExportRoute, plan_context
 from .fx_io.autograd_functions import CustomBackwardError
-from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
-                              views_as_reshapes)
-from .fx_io.emitter import emit
-from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.flags import RESTLESS, FlagWatch
+from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.inference_grad import warn_no_weight_grad
 from .fx_io.mode import effective_training
-from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.model_checks import HookWatch, bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
-from .fx_io.plans import (DEFAULT_PLAN_LIMIT, Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
-                          finite_peak, largest_sizes, leaf_shapes, varying_dims)
-from .plan import make_context, run_passes
-from .plan_report import build_report
+from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan
+from .fx_io.serving import CAPTURE_LOCK
 from .report import Report
 
 BACKENDS = (None, "inductor")
-EXPORT = "torch.export"
-
-
-class _ExportRoute:
-    """One ``torch.export`` capture and plan per call shape, with automatic dynamic shapes: a call
-    whose dims differ from those of earlier calls of the same ranks is captured with those dims
-    ``Dim.AUTO`` (symbolic where the model allows it), and that plan takes every later call its
-    guards accept. At most ``max_plans`` plans, least recently used dropped first (with a warning:
-    its shapes are captured again if they return). A later call export cannot capture (a cache
-    passed back in, as ``generate`` does) goes to a dynamo route, and so do the calls of the same
-    structure after it."""
-
-    name = EXPORT
-
-    def __init__(self, model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, limit: int) -> None:
-        self.model, self.opts, self.source, self.dynamic_shapes = model, opts, source, dynamic_shapes
-        self.cache = PlanCache(limit)
-        self._dynamo: DynamoRoute | None = None  # made on the first call export refuses
-        self._refused: set = set()  # ``call_structure`` of the calls export refused
-        self._seen: dict[Hashable, list[tuple]] = {}  # by family: the leaf shapes of the calls planned
-        self._static_only: set = set()  # families whose automatic symbolic capture failed
-
-    @property
-    def plans(self) -> list[Plan]:
-        return list(self.cache.plans.values()) + (self._dynamo.plans if self._dynamo is not None else [])
-
-    def key(self, args: tuple, kwargs: dict):
-        return call_key(args, kwargs, sizes=self.dynamic_shapes is None)
-
-    def first(self, args: tuple, kwargs: dict) -> Plan:
-        """Capture and plan the example call (``ConversionError`` if export cannot)."""
-        return self.cache.put(self.key(args, kwargs), self.plan(args, kwargs))
-
-    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
-        """Run one call on its key's plan, or a symbolic plan that takes it, else on a new plan."""
-        if self._dynamo is not None and call_structure(args, kwargs) in self._refused:
-            return self._dynamo.call(args, kwargs)
-        key = self.key(args, kwargs)
-        plan = self.cache.get(key) or self._symbolic_taking(args, kwargs)
-        if plan is None:
-            try:
-                plan = self._put(key, self.plan(args, kwargs), args, kwargs)
-            except ConversionError as error:
-                if self.dynamic_shapes is not None or isinstance(error, CustomBackwardError):
-                    raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
-                self._refused.add(call_structure(args, kwargs))
-                if self._dynamo is None:
-                    self._dynamo = DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
-                return self._dynamo.call(args, kwargs)
-        return plan, plan.run(*args, **kwargs)
-
-    def _symbolic_taking(self, args: tuple, kwargs: dict) -> Plan | None:
-        """The most recently used symbolic plan whose guards accept the call."""
-        family = call_key(args, kwargs, sizes=False)
-        for key, plan in reversed(self.cache.plans.items()):
-            if plan.family == family and plan.accepts is not None and plan.accepts(args, kwargs):
-                return self.cache.get(key)
-        return None
-
-    def _put(self, key: Hashable, plan: Plan, args: tuple, kwargs: dict) -> Plan:
-        if len(self.cache.plans) >= self.cache.limit:
-            dropped = next(iter(self.cache.plans.values()))
-            warnings.warn(f"amp_compiler: {self.source} holds max_plans={self.cache.limit} plans; the plan for "
-                          f"{describe_key(args, kwargs)} replaced the least recently used one ({dropped.shapes}), "
-                          f"which is captured again if its shapes return (raise max_plans, or pass "
-                          f"dynamic_shapes)", stacklevel=5)
-        return self.cache.put(key, plan)
-
-    def plan(self, args: tuple, kwargs: dict) -> Plan:
-        """Capture the call with torch.export and plan the graph (sized by the call's shapes): dims
-        that took other sizes in earlier calls of the same ranks are captured ``Dim.AUTO``."""
-        family, shapes = call_key(args, kwargs, sizes=False), leaf_shapes(args, kwargs)
-        dims = {} if self.dynamic_shapes is not None or family in self._static_only else \
-            varying_dims(self._seen.get(family, ()), shapes)
-        self._seen.setdefault(family, []).append(shapes)
-        automatic = automatic_dynamic_shapes(args, kwargs, dims) if dims else None
-        if automatic is not None:
-            try:
-                return self._planned(args, kwargs, automatic, family, self._seen[family])
-            except ConversionError:  # the model pins what changed: one static plan per shape, as before
-                self._static_only.add(family)
-        return self._planned(args, kwargs, self.dynamic_shapes, family)
-
-    def _planned(self, args: tuple, kwargs: dict, dynamic_shapes: Any, family: Hashable,
-                 seen: list[tuple] | None = None) -> Plan:
-        """Export, plan and emit one call; an automatic symbolic plan is sized by the largest sizes
-        ``seen`` (``plans.largest_sizes``), not by the call that made it."""
-        o = self.opts
-        gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes,
-                          training=o["training"])
-        hints = largest_sizes(input_symbols(gm, args, kwargs), seen) if seen else None
-        imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
-                                  input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
-        ctx = _context(o)
-        ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
-        result = run_passes(imp.graph, ctx, self.source, imp.dim_values)
-        folded = emit(imp, result)
-        report = build_report(result)  # after emission: counts the casts the emitter added
-        report.summary.update(capture=self.name, graphs=1)
-        torch.nn.Module.train(gm, o["training"])
-        # a symbolic plan's inductor graph is compiled symbolic once, not once per size
-        inner: Callable = gm
-        if o["backend"] == "inductor":
-            inner = torch.compile(views_as_reshapes(gm), backend="inductor", dynamic=bool(imp.dim_values) or None)
-
-        def run(*a: Any, **k: Any) -> Any:
-            if folded.entries:
-                folded.refresh(gm)
-            return inner(*a, **k)
-
-        symbolic = bool(imp.dim_values) and self.dynamic_shapes is None  # automatic: taken by its guards
-        return Plan(run, report, describe_key(args, kwargs), gm,
-                    accepts=functools.partial(accepts, gm) if symbolic else None, family=family)
-
-
-def _context(opts: dict):
-    """The plan context of ``compile``'s options (the same keys the torch.compile backend takes):
-    ``deploy`` names the runtime profile; by default inductor's when it runs the graph, else eager."""
-    plan_opts = {k: v for k, v in opts.items() if k not in ("backend", "deploy")}
-    return make_context(runtime=opts["deploy"] or default_runtime("torch", opts["backend"]), **plan_opts)
-
-
-def _input_peaks(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[str, float]:
-    """Largest magnitudes of an unlifted export's example inputs that FP16 cannot hold, by placeholder
-    (a ``finfo.min`` additive mask): the numerics pass keeps what reads them FP32."""
-    tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
-    if len(tensors) != len(placeholders):
-        return {}
-    return {n.name: finite_peak(t) for n, t in zip(placeholders, tensors) if beyond_fp16(t)}
 
 
 class AmpModule(torch.nn.Module):
@@ -213,7 +75,8 @@ class AmpModule(torch.nn.Module):
         # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
         # others are made (planned on their first call) by route_for
         self.__dict__.update(_routes={}, _route_for=route_for)
-        self.__dict__.update(_mode=self._route_key(), _hooks=HookWatch(model))
+        self.__dict__.update(_flags=FlagWatch(model), _hooks=HookWatch(model))
+        self.__dict__.update(_mode=self._route_key())
 
     @property
     def capture(self) -> str:
@@ -239,6 +102,7 @@ class AmpModule(torch.nn.Module):
         """``(call shapes, report)`` of each plan held, least recently used first."""
         return [(p.shapes, p.report) for p in self._all_plans()]
 
+    @torch.compiler.disable  # torch.compile(amp_model) runs the plans as they are (docs/architecture.md)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._follow_mode()
         first = isinstance(self._route, _FirstCall)
@@ -247,6 +111,9 @@ class AmpModule(torch.nn.Module):
         plan, out = self._route.call(args, kwargs)
         if first:
             self._hooks.reset()
+        flags = self._flags.values()
+        if flags != self._mode[2]:  # the forward wrote them: state, not flags (fx_io/flags.py)
+            self._rekey(self._flags.forget(self._mode[2], flags))
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
@@ -310,29 +177,55 @@ class AmpModule(torch.nn.Module):
         self.training = bool(mode)
         return self
 
-    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None]:
-        """The model's mode and, where its plans keep gradients, which parameters require them (a
-        frozen one is folded into an FP16 constant: unfrozen, it would get no gradient)."""
+    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None, tuple]:
+        """The model's mode, where its plans keep gradients which parameters require them (a frozen one
+        is folded into an FP16 constant: unfrozen, it would get no gradient), and its Python flags
+        (a capture bakes their branches in: fx_io/flags.py)."""
         model, training = self._route.model, self._recompile.get("training")
         mode = effective_training(model)  # a wrapper made after .eval() is in train mode at its root only
         keeps = mode if training is None else training
-        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None
+        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None, self._flags.values()
 
     def _follow_mode(self) -> None:
-        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own) and
-        trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
+        """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own),
+        Python flags and trainable parameters: a graph is captured in one mode (dropout, batch-norm statistics), with
         the frozen parameters folded, so each has its route, planned on its first call
         (docs/architecture.md, "Capture routes and shapes")."""
         key = self._route_key()
         if key == self._mode:
             return
+        if key not in self._routes and key[2] != self._mode[2]:
+            restless = self._flags.restless(self._mode[2], key[2])
+            if restless:  # a counter, not a flag: watched no more
+                names = ", ".join(self._flags.slots[i][2] for i in restless)
+                self._rekey(self._flags.drop(set(restless)))
+                warnings.warn(f"amp_compiler: AmpModule({self._source}): {names} changed between calls "
+                              f"{RESTLESS} times: taken as state, not a flag, so its changes no longer plan again "
+                              f"(a branch on it keeps the value its plan was captured with; a value that varies by call "
+                              f"belongs in a tensor buffer, which the plans read)", stacklevel=4)
+                return self._follow_mode()
+            warnings.warn(f"amp_compiler: AmpModule({self._source}): {self._flags.describe(self._mode[2], key[2])} "
+                          f"since its plans were made, which baked the old value in: planned again for the new "
+                          f"one (as torch.compile recompiles)", stacklevel=4)
         self._routes[self._mode] = self._route
         route = self._routes.pop(key, None) or self._route_for(key[0])
         self.__dict__.update(_route=route, _mode=key)
         self.training = key[0]
 
+    def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
+        """Re-key the routes after the flags watch dropped attributes (``drop`` removes them from a key)."""
+        self.__dict__.update(_mode=(*self._mode[:2], drop(self._mode[2])),
+                             _routes={(*k[:2], drop(k[2])): route for k, route in self._routes.items()})
+
     def _apply(self, fn, recurse: bool = True):
+        """``.to(device)`` moves the plans' graphs and folded copies; a dtype change (``.double()``,
+        ``.to(torch.float64)``) drops the plans, made for the old dtypes, and the next call plans again
+        (the folded FP16 copies had been converted too: "mat1 and mat2 must have the same dtype")."""
+        model = self._route.model
+        before = [t.dtype for t in (*model.parameters(), *model.buffers())]
         super()._apply(fn, recurse)
+        if before != [t.dtype for t in (*model.parameters(), *model.buffers())]:
+            self.__dict__.update(_routes={}, _route=self._route_for(self._mode[0]))
         for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
@@ -405,7 +298,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
                 deny=tuple(deny), deny_nodes=tuple(deny_nodes), training=False, default_dim=default_dim,
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
                 deploy=deploy, objective=objective)
-    _context(opts)  # bad options fail before any capture
+    plan_context(opts)  # bad options fail before any capture
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
@@ -440,7 +333,7 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     """The route that captures ``model`` called with ``args``/``kwargs`` (torch.export's, else
     dynamo's), the plan of that call and ``(output,)`` if capturing ran the call (dynamo's), else
     ``()``; one ``ConversionError`` when neither captures it."""
-    route: Any = _ExportRoute(model, opts, source, dynamic_shapes, max_plans)
+    route: Any = ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
         plan = route.first(args, kwargs)
     except ConversionError as export_error:
@@ -468,7 +361,11 @@ class _FirstCall:
     def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         if not _binds(self.model, args, kwargs):  # the model's own TypeError, not a capture failure
             return None, self.model(*args, **kwargs)
-        self.route, plan, ran = self.capture(args, kwargs)
+        with CAPTURE_LOCK.capturing():
+            if self.route is not None:  # another thread's first call captured it meanwhile
+                return self.route.call(args, kwargs)
+            route, plan, ran = self.capture(args, kwargs)
+            self.route = route
         # dynamo's capture ran the call: running it again would repeat its side effects (a cache appended twice)
         return (plan, ran[0]) if ran else self.route.call(args, kwargs)
 

@@ -23,8 +23,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import loss_scale as ls
 from . import optim as fopt
-from torch.nn.utils.stateless import _reparametrize_module as reparametrized
 from .errors import ConversionError
+from .fx_io.swap import swapped
 
 
 @dataclass
@@ -62,6 +62,29 @@ class Setup:
 
     def tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return dict(self.model.named_parameters()), dict(self.model.named_buffers())
+
+
+def _refuse_unused(names: list[str], grads: tuple) -> None:
+    """A trainable parameter the loss does not reach: eager's optimizer skips it (``grad`` is None), the
+    captured step would update it; said with the fix (it had failed in autograd: 'appears to not have
+    been used in the graph')."""
+    unused = [name for name, g in zip(names, grads) if g is None]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise ConversionError("compile_training", f"parameter {unused[0]}{more}",
+                              "gets no gradient (the loss does not depend on it in this step): freeze it, "
+                              "requires_grad_(False), while it is unused; unfreezing it later captures again")
+
+
+def _what(loss: Any) -> str:
+    """What a loss_fn returned instead of a scalar, and for a dict (a ``ModelOutput``) which key to return."""
+    if isinstance(loss, torch.Tensor):
+        return f"shape {tuple(loss.shape)} (reduce it: .mean() or .sum())"
+    if isinstance(loss, Mapping):
+        keys = ", ".join(repr(k) for k in list(loss)[:4])
+        pick = "'loss'" if "loss" in loss else "the loss's key"
+        return f"a {type(loss).__name__} ({keys}): return its loss tensor (out[{pick}])"
+    return type(loss).__name__
 
 
 @dataclass
@@ -106,14 +129,14 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
         # forward and backward both see the step's parameters: a gradient checkpoint recomputes its segment
         # during the backward, after functional_call would have put the module's own back (architecture.md, "Training")
-        with reparametrized(setup.model, named, tie_weights=True):
+        with swapped(setup.model, named):
             loss = setup.loss_fn(setup.model(*inputs), *targets)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {shape}")
+                raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {_what(loss)}")
             with ls.fp32_ops(fp32):
                 seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
-            grads = torch.autograd.grad(seed, p_req)  # the backward seed is the scaled loss
+            grads = torch.autograd.grad(seed, p_req, allow_unused=True)  # the backward seed is the scaled loss
+        _refuse_unused(setup.trainable, grads)
         grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
         if prev is not None:
             grads = [a + g for a, g in zip(prev, grads)]
@@ -221,8 +244,11 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
             for out in op.outputs:
                 imp.graph.tensors[out].unscale_marker = True
     ir_of = {node.name: op for op, node in imp.nodes.items()}
-    deny_nodes = set(opts.pop("deny_nodes", ())) | {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
-    ctx = make_context(dtype=low, training=True, deny_nodes=deny_nodes, **opts)
+    ours = {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
+    ctx = make_context(dtype=low, training=True, deny_nodes=set(opts.pop("deny_nodes", ())) | ours, **opts)
+    # said as what they are: they had read "node named by the user (--deny-node)" in the report
+    ctx.deny_node_reasons = dict.fromkeys(ours, "deny: loss scaling and the optimizer's step arithmetic stay FP32 "
+                                                "(compile_training)")
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp, result)
     report = build_report(result)  # after emission: counts the casts the emitter added

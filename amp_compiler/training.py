@@ -18,12 +18,16 @@ from typing import Any, Callable
 
 import torch
 
+from cost_model.runtime import default_runtime
+
 from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
+from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
 from .fx_io.plans import largest_sizes, varying_dims
+from .plan import make_context
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
 
@@ -70,6 +74,7 @@ class TrainStep:
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
         self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
+        self._flags = FlagWatch(self.model)  # Python flags the trace bakes in: part of the key (fx_io/flags.py)
         self._select(tuple(example_batch))
 
     # -- running --------------------------------------------------------------------------------
@@ -173,12 +178,44 @@ class TrainStep:
         key = (update, has_acc, tuple((tuple(t.shape), t.dtype) for t in batch),
                fopt.state_layout(states).signature() if update else None,
                fopt.hyper_key(self.optimizer) if update else None, self.model.training,
-               tuple(n for n, p in self._params.items() if p.requires_grad))
+               tuple(n for n, p in self._params.items() if p.requires_grad), self._flags.values())
         cap = self._captures.get(key) or self._taken.get(key) or self._symbolic_taking(key, batch)
+        if cap is None and self._flag_changed(key):
+            return self._select(batch)  # a counter was dropped from the watch: keyed again
         if cap is None:
             cap = self._capture(key, Variant(update, has_acc, len(batch)), states, batch)
+            after = self._flags.values()
+            if after != key[-1]:  # the traced forward wrote them: state, not flags
+                self._rekey(self._flags.forget(key[-1], after))
         self.report, self.graph_module, self.report_nodes = cap.report, cap.graph_module, cap.report_nodes
         return cap
+
+    def _flag_changed(self, key: tuple) -> bool:
+        """Warn that a Python flag changed since a capture that differs only by it (it is captured again),
+        or, when its changes made ``RESTLESS`` captures, drop it from the watch (True: key again)."""
+        old = next((k[-1] for k in self._captures if k[:-1] == key[:-1]), None)
+        if old is None:
+            return False
+        restless = self._flags.restless(old, key[-1])
+        if restless:
+            names = ", ".join(self._flags.slots[i][2] for i in restless)
+            self._rekey(self._flags.drop(set(restless)))
+            warnings.warn(f"compile_training: {names} changed between steps {RESTLESS} times: taken as state, not "
+                          f"a flag, so its changes no longer capture again (the step keeps the value it was captured "
+                          f"with; a value that varies by step belongs in a tensor buffer, which the step reads)",
+                          stacklevel=4)
+            return True
+        warnings.warn(f"compile_training: {self._flags.describe(old, key[-1])} since the step was captured, which "
+                      f"baked the old value in: captured again for the new one", stacklevel=4)
+        return False
+
+    def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
+        """Re-key the captures after the flags watch dropped attributes (``drop`` removes them from a key)."""
+        def again(k: tuple) -> tuple:
+            return (*k[:-1], drop(k[-1]))
+        self._captures = {again(k): c for k, c in self._captures.items()}
+        self._taken = {again(k): c for k, c in self._taken.items()}
+        self._static_only = {again(f) for f in self._static_only}
 
     def _symbolic_taking(self, key: tuple, batch: tuple) -> _Capture | None:
         """A symbolic capture of the key's family whose guards take the batch (remembered for the key)."""
@@ -277,9 +314,13 @@ class TrainStep:
         if self._warned_fp32 or summary.get("fp16_nodes", 1) or self.plan_options.get("planner") != "optimal":
             return
         self._warned_fp32 = True
+        change = ('backend="inductor" (casts fuse), ' if self.plan_options["runtime"] == "eager" else "") + \
+            ('objective="memory", ' if self.plan_options["objective"] == "time" else "")
         warnings.warn(f"compile_training: the plan runs the whole step in FP32: on {self.plan_options['target']} "
                       f"the cost model finds this model's ops too small for low precision to pay for its casts "
-                      f"(launch-bound); planner='greedy' forces the GEMMs to FP16", stacklevel=5)
+                      f"(launch-bound, {self.plan_options['runtime']} runtime); would change it: {change}or "
+                      f"planner='greedy' (forces the GEMMs to FP16); the numbers are in "
+                      f"step.report.summary['fp32_tensor_core_why']", stacklevel=5)
 
     @property
     def captures(self) -> list[dict[str, Any]]:
@@ -355,12 +396,19 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
     for name, bound in (("max_grad_norm", max_grad_norm), ("max_grad_value", max_grad_value)):
         if bound is not None and not bound > 0:
             raise ValueError(f"compile_training: {name} must be > 0, got {bound!r}")
+    _check_sparse(model)
     params = dict(model.named_parameters())
     name_of = {id(p): n for n, p in params.items()}
+    buffer_of = {id(b): n for n, b in model.named_buffers()}
     trainable, sizes = [], []
     for group in optimizer.param_groups:
         names = [name_of.get(id(p)) for p in group["params"] if p.requires_grad]
         if None in names:
+            stray = next(p for p in group["params"] if p.requires_grad and id(p) not in name_of)
+            if id(stray) in buffer_of:  # register_buffer(...) + requires_grad_(): a parameter in disguise
+                raise ConversionError("compile_training", "optimizer", f"holds the model's buffer "
+                                      f"{buffer_of[id(stray)]!r}, which requires grad: the step trains parameters; "
+                                      f"make it one (nn.Parameter instead of register_buffer)")
             raise ConversionError("compile_training", "optimizer", "holds a parameter that is not the model's")
         trainable += names
         sizes.append(len(names))
@@ -374,6 +422,17 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
                  wrapper if all_reduce is not None else None)
 
 
+def _check_sparse(model: torch.nn.Module) -> None:
+    """Refuse a trainable ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)``: its gradient is sparse, and
+    the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend)."""
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "sparse", False) and isinstance(weight, torch.Tensor) and weight.requires_grad:
+            raise ConversionError("compile_training", f"module {name}", f"{type(module).__name__}(sparse=True) makes "
+                                  "sparse gradients, which the captured step does not hold: use sparse=False "
+                                  "(dense gradients, with any optimizer but SparseAdam)")
+
+
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                      example_batch: tuple, *, loss_scale: Any = "dynamic", target: str = "h100",
                      dtype: torch.dtype | str = torch.float16, backend: str | None = None,
@@ -381,7 +440,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
-                     max_captures: int = 8, max_grad_value: float | None = None) -> TrainStep:
+                     max_captures: int = 8, max_grad_value: float | None = None, deploy: str | None = None,
+                     objective: str = "time") -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
@@ -397,7 +457,10 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     is cleared, with a warning). An inf/NaN gradient skips the step and backs the loss scale off, with
     or without clipping. ``keep_grads`` writes the (clipped) gradients to ``p.grad``. Batch shapes may change: a dim seen at a second size is traced symbolic
     and that capture serves its later sizes; captures are at most ``max_captures``.
-    ``step.report`` is the per-op report of the last graph run.
+    ``step.report`` is the per-op report of the last graph run. ``deploy`` names the runtime profile
+    the cost model prices (default: ``inductor`` with ``backend="inductor"``, which fuses casts into
+    their neighbours, else ``eager``), ``objective`` ``"time"``, ``"memory"`` or ``"fastest"``, as for
+    ``compile``.
     """
     if backend not in (None, "inductor"):
         raise ValueError(f"unknown backend {backend!r}: use None or 'inductor'")
@@ -415,5 +478,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     warn_if_low_precision(setup.model, "compile_training")
     warn_if_hooked(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,
-                        deny_propagation=deny_propagation)
+                        deny_propagation=deny_propagation, objective=objective,
+                        runtime=deploy or default_runtime("torch", backend))
+    make_context(**{**plan_options, "dtype": str(dtype), "deny_nodes": ()})  # bad options fail before tracing
     return TrainStep(setup, example_batch, plan_options, backend, max_captures)

@@ -116,7 +116,7 @@ def test_shapes_the_model_pins_get_static_plans_and_a_full_cache_warns():
 def test_a_symbolic_capture_that_fails_falls_back_to_static_plans(monkeypatch):
     """When the automatic ``Dim.AUTO`` capture fails, the call gets a static plan, and later sizes of
     the same ranks are not tried symbolically again."""
-    import amp_compiler.torch_api as api
+    import amp_compiler.export_route as api
 
     model, calls = _seeded(Block).eval(), []
     real = api.export_graph

@@ -1,0 +1,138 @@
+"""Serving habits on an ``AmpModule`` (docs/architecture.md, "Capture routes and shapes"): calls from
+several threads at once, keyword arguments in another order than the example's."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import amp_compiler  # noqa: E402
+
+from .test_training_shared import _Switch  # noqa: E402
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(y)
+
+
+def test_kwargs_in_another_order_share_the_plan():
+    model = _TwoInputs().eval()
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    amp = amp_compiler.compile(model, example_kwargs={"x": x, "y": y}, planner="all")
+    with torch.no_grad():
+        out, expected = amp(y=y, x=x), model(x=x, y=y)
+    assert amp.plans == 1
+    assert torch.allclose(out, expected, atol=1e-2, rtol=1e-2)
+
+
+def test_threads_capturing_at_once_each_get_their_own_right_outputs():
+    """Two threads calling one module with new shapes at once: torch.export's tracing state is the
+    process's, so captures are serialised (before: 'Trying to pop empty mode stack' in one thread)."""
+    model = _TwoInputs().eval()
+    amp = amp_compiler.compile(model, planner="all")
+    calls = {n: (torch.randn(n, 32), torch.randn(n, 32)) for n in (1, 2, 3, 5, 7, 9)}
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def serve(sizes: tuple[int, ...]) -> None:
+        start.wait()
+        for n in sizes:
+            x, y = calls[n]
+            try:
+                with torch.no_grad():
+                    out, expected = amp(x, y=y), model(x, y=y)
+                if not torch.allclose(out, expected, atol=1e-2, rtol=1e-2):
+                    errors.append(f"batch {n}: wrong output")
+            except Exception as error:  # noqa: BLE001 - collected for the assert below
+                errors.append(f"batch {n}: {type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=serve, args=(sizes,)) for sizes in ((1, 3, 7), (2, 5, 9))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert 1 <= amp.plans <= 3  # a static plan, then symbolic ones the later sizes share
+
+
+def test_a_flag_set_after_compiling_is_planned_again_not_ignored():
+    """Before: the plan captured with a flag off kept running after it was set on (two Linears: error 1.8)."""
+    model = _Switch().eval()
+    x = torch.randn(4, 16)
+    amp = amp_compiler.compile(model, (x,), planner="all")
+    expected = {}
+    with torch.no_grad():
+        for flag in (False, True):
+            model.residual = flag
+            expected[flag] = model(x)
+    model.residual, model.calls = False, 0  # as compiled: the eager calls moved the counter
+    with pytest.warns(UserWarning, match=r"residual False -> True since its plans were made"), torch.no_grad():
+        assert torch.allclose(amp(x), expected[False], atol=1e-2, rtol=1e-2)
+        model.residual = True
+        out = amp(x)
+    torch.testing.assert_close(out, expected[True], atol=1e-2, rtol=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # back to a value planned before: its route, no warning
+        model.residual = False
+        with torch.no_grad():
+            torch.testing.assert_close(amp(x), expected[False], atol=1e-2, rtol=1e-2)
+    assert amp.plans == 2
+
+
+def test_a_counter_changed_between_calls_stops_being_watched():
+    """An attribute eager calls keep changing (a call counter) is state: after ``RESTLESS`` recaptures
+    for it, its changes plan nothing more, and a warning says so once."""
+    from amp_compiler.fx_io.flags import RESTLESS
+    model = _Switch().eval()
+    x = torch.randn(4, 16)
+    amp = amp_compiler.compile(model, (x,), planner="all")
+    with warnings.catch_warnings(record=True) as said, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(RESTLESS + 3):
+            model(x)  # the counter moves
+            torch.testing.assert_close(amp(x), _Switch.forward(model, x), atol=1e-2, rtol=1e-2)
+    messages = [str(w.message) for w in said]
+    assert sum("calls changed between calls" in m for m in messages) == 1, messages
+    assert sum("since its plans were made" in m for m in messages) == RESTLESS - 1  # recaptures, then none
+    assert amp.plans <= 2  # the routes that differed by the counter alone merged when it was dropped
+
+
+def test_torch_compile_of_an_amp_module_runs_its_plans_without_tracing_into_them():
+    """Before: dynamo traced into the plans' weight refresh and hit its recompile limit, with warnings."""
+    model = _TwoInputs().eval()
+    amp = amp_compiler.compile(model, planner="all")
+    compiled = torch.compile(amp)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            for n in (1, 2, 3):
+                x, y = torch.randn(n, 32), torch.randn(n, 32)
+                torch.testing.assert_close(compiled(x, y), model(x, y), atol=1e-2, rtol=1e-2)
+    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
+def test_a_dtype_change_after_compiling_plans_again():
+    """``amp.double()`` then ``amp.float()`` (or ``.half()`` then ``.float()``) had converted the plans'
+    folded FP16 weights too, and the next call failed: 'mat1 and mat2 must have the same dtype'."""
+    model = _TwoInputs().eval()
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    amp = amp_compiler.compile(model, (x, y), planner="all")
+    with torch.no_grad():
+        amp.to(torch.float64)
+        out = amp(x.double(), y.double())
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, model(x.double(), y.double()))  # a float64 model is not planned
+        with pytest.warns(UserWarning, match="keep the module float32"):
+            amp.half()
+        amp.float()
+        torch.testing.assert_close(amp(x, y), model(x, y), atol=1e-2, rtol=1e-2)
+    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
