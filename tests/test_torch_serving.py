@@ -4,6 +4,7 @@ several threads at once, keyword arguments in another order than the example's."
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import pytest
@@ -136,3 +137,29 @@ def test_a_dtype_change_after_compiling_plans_again():
         amp.float()
         torch.testing.assert_close(amp(x, y), model(x, y), atol=1e-2, rtol=1e-2)
     assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+
+
+def test_runs_that_capture_on_two_threads_take_turns_instead_of_deadlocking():
+    """An AmpModule inside another's plan captures during the outer run: two such runs on two
+    threads each waited for the other's run to end, forever. Captures must still never overlap."""
+    from amp_compiler.fx_io.serving import CaptureLock
+
+    lock, both_running, inside, overlaps, done = CaptureLock(), threading.Barrier(2), [0], [], []
+
+    def serve():
+        with lock.running():
+            both_running.wait(timeout=5)
+            with lock.capturing():
+                inside[0] += 1
+                overlaps.append(inside[0])
+                time.sleep(0.05)
+                inside[0] -= 1
+            done.append(True)
+
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert done == [True, True]  # neither thread is stuck
+    assert overlaps == [1, 1]  # one capture at a time

@@ -21,13 +21,17 @@ import torch
 
 class CaptureLock:
     """A readers-writer lock: plan runs share it, a capture holds it alone; both reentrant per
-    thread (a capture runs the plan it made), and a waiting capture goes before new runs."""
+    thread (a capture runs the plan it made), and a waiting capture goes before new runs. A run
+    may capture (an AmpModule inside another's plan): while it waits it runs nothing, so other
+    captures do not wait for it, and two such runs on two threads take turns instead of each
+    waiting for the other to end."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._writer: int | None = None
         self._depth = self._waiting = 0
         self._readers: dict[int, int] = {}  # runs in progress, by thread
+        self._upgrading: set[int] = set()  # runs waiting, inside their run, to capture
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
@@ -35,8 +39,11 @@ class CaptureLock:
         with self._cond:
             if self._writer != me:
                 self._waiting += 1
-                while self._writer is not None or any(t != me for t in self._readers):
+                if me in self._readers:
+                    self._upgrading.add(me)
+                while self._writer is not None or any(t != me and t not in self._upgrading for t in self._readers):
                     self._cond.wait()
+                self._upgrading.discard(me)
                 self._waiting -= 1
                 self._writer = me
             self._depth += 1
