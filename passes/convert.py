@@ -32,7 +32,7 @@ import numpy as np
 from .maxflow import min_cut_source_side  # scipy only for large graphs: its import costs more than a small cut
 
 from amp_compiler.dtypes import FLOAT32, short
-from amp_compiler.ir import UNIT, PrecisionGraph
+from amp_compiler.ir import GRAPH_INPUT, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
@@ -87,7 +87,7 @@ class ConvertPass(Pass):
         prediction = Prediction(energy.total(all32)[0], mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
         floor = TIE_LAUNCHES * timer.launch
         why = fp32_tensor_core_why(graph, ctx, energy, plan, timer,
-                                   lambda: io_casts_matter(graph, ctx, timer, plan, floor))
+                                   lambda: io_casts_matter(graph, ctx, timer, energy, plan, mixed, floor))
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,
                           f"{n_low} of {len(plan)} eligible units in {short(ctx.low_dtype)} "
@@ -95,13 +95,24 @@ class ConvertPass(Pass):
                           Costs(prediction, timer, timer.runtime.name, len(timer.groups), ctx.objective, why, tie))
 
 
-def io_casts_matter(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, plan: dict[int, int],
-                    floor_s: float) -> bool:
+def io_casts_matter(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, energy: PlanEnergy,
+                    plan: dict[int, int], mixed_s: float, floor_s: float) -> bool:
     """Whether ``ctx.objective``'s plan under ``keep_io_types=False`` runs more GEMM/conv FLOPs low
     than ``plan``. The why-line advises ``--no-keep-io-types`` only then: it had advised it for a
-    GPT-2 and a ViT whose output cast changed nothing (``docs/architecture.md``, "The objective")."""
+    GPT-2 and a ViT whose output cast changed nothing (``docs/architecture.md``, "The objective").
+    Casts at the graph's inputs and outputs costing under ``TIE_TOLERANCE`` of the plan's time in
+    all are not worth the advice, and no second energy and cut are made for them (they had cost
+    1.5 s on a 100k-node graph for one output cast)."""
+    io = sum(term.cast_cost for term in energy.terms if _at_graph_io(graph.tensors[term.tensor]))
+    if io < TIE_TOLERANCE * mixed_s:
+        return False
     other = build_energy(graph, replace(ctx, keep_io_types=False), timer)  # same units, same order
     return other.low_tc_flops(solve_objective(other, ctx.objective, floor_s)) > other.low_tc_flops(plan)
+
+
+def _at_graph_io(t) -> bool:
+    """A main-graph input or output: the values ``keep_io_types`` keeps in their dtypes."""
+    return not t.scope and (t.kind == GRAPH_INPUT or t.is_graph_output)
 
 
 def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:
