@@ -64,6 +64,11 @@ every op reading or writing a flagged value through a unit port in FP32):
    with the ops to the softmax and the softmax, for dtypes with FP16's range: without the
    ``1/sqrt(d)`` the scores grow with the activations past 65504 (HF's GPT-Neo computes these
    in FP32 for that reason; ``numerics_attention.py``).
+14. Log-probabilities a loss reads: a LogSoftmax whose output reaches a loss (NLL, softmax
+   cross-entropy) through data movement stays FP32, for every low dtype, as torch autocast and
+   Apex keep ``log_softmax`` and transformers' causal LMs upcast their logits before the loss:
+   the loss and the gradient it seeds would carry the rounding of each log-probability (near
+   -10, FP16's spacing is 0.008 and BF16's 0.06).
 """
 
 from __future__ import annotations
@@ -161,6 +166,8 @@ class NumericsPass(Pass):
             ops.setdefault(name, why)
         for name, why in unscaled_attention(graph, rng, label).items():  # 13
             ops.setdefault(name, why)
+        for name in loss_log_probs(graph):  # 14
+            ops.setdefault(name, LOSS_LOG_PROBS)
         _follow_value_flow(graph, tensors)  # 5
         for name, why in tiny_products(graph, rng, label).items():  # 11: after 5, which would pass a rescale
             tensors.setdefault(name, why)
@@ -269,6 +276,21 @@ def qdq_members(graph: PrecisionGraph) -> dict[str, str]:
             if producer is not None and producer.op_type not in _QDQ:
                 names.setdefault(producer.name, QDQ_KEEP)
     return names
+
+
+#: rule 14's reason
+LOSS_LOG_PROBS = ("log-probabilities a loss reads: kept FP32, as torch autocast keeps log_softmax, so the loss "
+                  "and the gradient it seeds carry no rounding of them")
+_LOSSES = frozenset({"negative_log_likelihood_loss", "softmax_cross_entropy_loss"})
+
+
+def loss_log_probs(graph: PrecisionGraph) -> list[str]:
+    """The LogSoftmax ops whose output a loss reads, back through data movement (rule 14)."""
+    found = []
+    for op in graph.ops.values():
+        if op.canonical in _LOSSES and op.inputs and op.inputs[0]:
+            found += [name for name in _feeding(graph, op.inputs[0]) if graph.ops[name].canonical == "log_softmax"]
+    return found
 
 
 def _feeding(graph: PrecisionGraph, tensor: str) -> list[str]:

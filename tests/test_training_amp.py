@@ -316,3 +316,22 @@ def test_inductor_step_matches_the_plain_step():
     for a, b in zip(plain_model.parameters(), inductor_model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3)
     assert fused.scale == plain.scale and fused.skipped_steps == plain.skipped_steps == 0
+
+
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}, {"dtype": "bfloat16"}],
+                         ids=["default", "all", "bf16"])
+def test_log_probabilities_a_loss_reads_stay_fp32(options):
+    """Numerics rule 14: cross-entropy is log_softmax then nll_loss; the log-probabilities the loss
+    reads stay FP32 (torch autocast keeps log_softmax FP32 for this), while the head GEMM that
+    makes the logits runs low. Without the rule ``planner="all"`` had rounded them to FP16/BF16."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 4096))
+    x, y = torch.randn(64, 256), torch.randint(0, 4096, (64,))
+    step = compile_training(model, torch.nn.functional.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1),
+                            (x, y), **options)
+    step(x, y)
+    ops = {o["op_type"].split(".")[1]: o for o in step.report.ops}
+    assert ops["_log_softmax"]["precision"] == "float32"
+    assert "log-probabilities a loss reads" in ops["_log_softmax"]["reason"]
+    if options.get("planner") == "all":  # elsewhere the cost model may keep this small head FP32
+        assert ops["addmm"]["precision"] == "float16"
