@@ -81,9 +81,10 @@ def test_exclude_nodes_by_pattern_stay_fp32(mlp_file, tmp_path, capsys):
     assert got["/enc/0/MatMul"] == got["/enc/1/MatMul"] == "float16"
     # re.match semantics (AutoCast's): the pattern anchors at the start of the name; one that matches
     # no node had converted as if not given, and now says so
-    with pytest.raises(ConversionError, match="--exclude-nodes 'MatMul': matches no node name .*re.match"):
-        convert_onnx(mlp(), planner="all", exclude_nodes=["MatMul"])
-    assert precisions(convert_onnx(mlp(), planner="all", exclude_nodes=[".*MatMul"])[1])["/head/MatMul"] == "float32"
+    for options in ({}, {"planner": "all"}):  # default options first
+        with pytest.raises(ConversionError, match="--exclude-nodes 'MatMul': matches no node name .*re.match"):
+            convert_onnx(mlp(), exclude_nodes=["MatMul"], **options)
+        assert precisions(convert_onnx(mlp(), exclude_nodes=[".*MatMul"], **options)[1])["/head/MatMul"] == "float32"
     with pytest.raises(ValueError, match="exclude_nodes: bad regular expression '/enc/\\('"):
         convert_onnx(mlp(), exclude_nodes=["/enc/("])
     with pytest.raises(ValueError, match="takes a list"):

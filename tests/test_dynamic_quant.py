@@ -83,6 +83,8 @@ def test_what_feeds_a_dynamic_quantizer_keeps_fp32():
     m = model(nodes, [fin("x", K, K)], [fin("y", K, K)],
               [weight("W0", K, K), numpy_helper.from_array(np.array([K, K], np.int64), "shape"),
                numpy_helper.from_array(np.full((K, K), 3, np.int8), "Wq"), numpy_helper.from_array(np.int8(0), "wz")])
-    ops = {op["name"]: op for op in convert_onnx(m, planner="all")[1].ops}
-    for name in ("context", "flat"):
-        assert ops[name]["precision"] == "float32" and "feeds a DynamicQuantizeLinear" in ops[name]["reason"], ops[name]
+    for options in ({}, {"planner": "all"}):  # default options first
+        ops = {op["name"]: op for op in convert_onnx(m, **options)[1].ops}
+        for name in ("context", "flat"):
+            assert ops[name]["precision"] == "float32", (options, ops[name])
+            assert "feeds a DynamicQuantizeLinear" in ops[name]["reason"], (options, ops[name])

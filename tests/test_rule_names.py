@@ -40,15 +40,16 @@ def test_a_value_matching_nothing_is_one_clear_error(tmp_path, capsys, option, v
     assert not (tmp_path / "out.onnx").exists()
 
 
-def test_a_real_op_type_the_model_lacks_warns_and_changes_nothing():
-    plain = {o["name"]: o["precision"] for o in convert_onnx(_attention_head(), planner="all")[1].ops}
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_a_real_op_type_the_model_lacks_warns_and_changes_nothing(options):
+    plain = {o["name"]: o["precision"] for o in convert_onnx(_attention_head(), **options)[1].ops}
     with pytest.warns(UserWarning, match="--deny Gelu: the model has no Gelu op; the option changes nothing"):
-        _, report = convert_onnx(_attention_head(), planner="all", deny=["Gelu"])
+        _, report = convert_onnx(_attention_head(), deny=["Gelu"], **options)
     assert {o["name"]: o["precision"] for o in report.ops} == plain
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a type the model has, a canonical name, a matching pattern: silent
-        _, report = convert_onnx(_attention_head(), planner="all", deny=["softmax"], exclude_nodes=[".*out"])
+        _, report = convert_onnx(_attention_head(), deny=["softmax"], exclude_nodes=[".*out"], **options)
     precision = {o["name"]: o["precision"] for o in report.ops}
     assert precision["/attn/Softmax"] == precision["/attn/out/MatMul"] == "float32"
     with pytest.raises(ConversionError, match="--deny-node /nope"):
-        convert_onnx(_attention_head(), deny_nodes=["/nope"])
+        convert_onnx(_attention_head(), deny_nodes=["/nope"], **options)

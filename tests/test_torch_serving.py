@@ -25,21 +25,23 @@ class _TwoInputs(torch.nn.Module):
         return self.a(x) + self.b(y)
 
 
-def test_kwargs_in_another_order_share_the_plan():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_kwargs_in_another_order_share_the_plan(options):
     model = _TwoInputs().eval()
     x, y = torch.randn(4, 32), torch.randn(4, 32)
-    amp = amp_compiler.compile(model, example_kwargs={"x": x, "y": y}, planner="all")
+    amp = amp_compiler.compile(model, example_kwargs={"x": x, "y": y}, **options)
     with torch.no_grad():
         out, expected = amp(y=y, x=x), model(x=x, y=y)
     assert amp.plans == 1
     assert torch.allclose(out, expected, atol=1e-2, rtol=1e-2)
 
 
-def test_threads_capturing_at_once_each_get_their_own_right_outputs():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_threads_capturing_at_once_each_get_their_own_right_outputs(options):
     """Two threads calling one module with new shapes at once: torch.export's tracing state is the
     process's, so captures are serialised (before: 'Trying to pop empty mode stack' in one thread)."""
     model = _TwoInputs().eval()
-    amp = amp_compiler.compile(model, planner="all")
+    amp = amp_compiler.compile(model, **options)
     calls = {n: (torch.randn(n, 32), torch.randn(n, 32)) for n in (1, 2, 3, 5, 7, 9)}
     errors: list[str] = []
     start = threading.Barrier(2)
@@ -65,11 +67,12 @@ def test_threads_capturing_at_once_each_get_their_own_right_outputs():
     assert 1 <= amp.plans <= 3  # a static plan, then symbolic ones the later sizes share
 
 
-def test_a_flag_set_after_compiling_is_planned_again_not_ignored():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_a_flag_set_after_compiling_is_planned_again_not_ignored(options):
     """Before: the plan captured with a flag off kept running after it was set on (two Linears: error 1.8)."""
     model = _Switch().eval()
     x = torch.randn(4, 16)
-    amp = amp_compiler.compile(model, (x,), planner="all")
+    amp = amp_compiler.compile(model, (x,), **options)
     expected = {}
     with torch.no_grad():
         for flag in (False, True):
@@ -89,13 +92,14 @@ def test_a_flag_set_after_compiling_is_planned_again_not_ignored():
     assert amp.plans == 2
 
 
-def test_a_counter_changed_between_calls_stops_being_watched():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_a_counter_changed_between_calls_stops_being_watched(options):
     """An attribute eager calls keep changing (a call counter) is state: after ``RESTLESS`` recaptures
     for it, its changes plan nothing more, and a warning says so once."""
     from amp_compiler.fx_io.flags import RESTLESS
     model = _Switch().eval()
     x = torch.randn(4, 16)
-    amp = amp_compiler.compile(model, (x,), planner="all")
+    amp = amp_compiler.compile(model, (x,), **options)
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
         warnings.simplefilter("always")
         for _ in range(RESTLESS + 3):
@@ -107,10 +111,11 @@ def test_a_counter_changed_between_calls_stops_being_watched():
     assert amp.plans <= 2  # the routes that differed by the counter alone merged when it was dropped
 
 
-def test_torch_compile_of_an_amp_module_runs_its_plans_without_tracing_into_them():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_torch_compile_of_an_amp_module_runs_its_plans_without_tracing_into_them(options):
     """Before: dynamo traced into the plans' weight refresh and hit its recompile limit, with warnings."""
     model = _TwoInputs().eval()
-    amp = amp_compiler.compile(model, planner="all")
+    amp = amp_compiler.compile(model, **options)
     compiled = torch.compile(amp)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -118,15 +123,17 @@ def test_torch_compile_of_an_amp_module_runs_its_plans_without_tracing_into_them
             for n in (1, 2, 3):
                 x, y = torch.randn(n, 32), torch.randn(n, 32)
                 torch.testing.assert_close(compiled(x, y), model(x, y), atol=1e-2, rtol=1e-2)
-    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    if options:  # planner "all": every GEMM FP16 (the default may keep this small model FP32 by cost)
+        assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
 
 
-def test_a_dtype_change_after_compiling_plans_again():
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_a_dtype_change_after_compiling_plans_again(options):
     """``amp.double()`` then ``amp.float()`` (or ``.half()`` then ``.float()``) had converted the plans'
     folded FP16 weights too, and the next call failed: 'mat1 and mat2 must have the same dtype'."""
     model = _TwoInputs().eval()
     x, y = torch.randn(4, 32), torch.randn(4, 32)
-    amp = amp_compiler.compile(model, (x, y), planner="all")
+    amp = amp_compiler.compile(model, (x, y), **options)
     with torch.no_grad():
         amp.to(torch.float64)
         out = amp(x.double(), y.double())
@@ -136,7 +143,8 @@ def test_a_dtype_change_after_compiling_plans_again():
             amp.half()
         amp.float()
         torch.testing.assert_close(amp(x, y), model(x, y), atol=1e-2, rtol=1e-2)
-    assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    if options:  # planner "all": every GEMM FP16 (the default may keep this small model FP32 by cost)
+        assert amp.report.summary["fp16_gemm_flop_fraction"] == 1.0
 
 
 def test_runs_that_capture_on_two_threads_take_turns_instead_of_deadlocking():

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from cost_model.traffic import ALIAS
+
 from ..dtypes import is_float
 from ..ir import Op, PrecisionGraph
 from ..registry import DEFAULT_REGISTRY
@@ -74,7 +76,7 @@ def _key(graph: PrecisionGraph, imp: OnnxImport, op: Op) -> tuple | None:
             or op.op_type in _NONDETERMINISTIC:
         return None
     row = DEFAULT_REGISTRY.lookup_onnx(op.domain, op.op_type)
-    if row is not None and row.traffic == "alias":
+    if row is not None and row.traffic == ALIAS:
         return None
     if not any(name and is_float(graph.tensors[name].dtype) for name in op.outputs):
         return None
