@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from .structure import graphs
+from .structure import graphs, subgraphs
 
 __all__ = ["FUSIONS_OFF", "bf16_values", "declares_bf16", "emulate_bf16", "for_cpu"]
 
@@ -104,9 +104,8 @@ class _Rewrite:
                 nodes.append(self._view_of(init.name))
         for node in g.node:
             rewired = self._rewire(node)
-            for attr in node.attribute:
-                for sub in _subgraphs(attr):
-                    self.graph(sub, main=False)
+            for sub in subgraphs(node):
+                self.graph(sub, main=False)
             after = []
             for i, name in enumerate(node.output):
                 if name not in self.bf16:
@@ -151,11 +150,3 @@ class _Rewrite:
 
 def _cast(src: str, dst: str, to: int) -> NodeProto:
     return helper.make_node("Cast", [src], [dst], to=to, name=dst)
-
-
-def _subgraphs(attr: AttributeProto) -> list[GraphProto]:
-    if attr.type == AttributeProto.GRAPH:
-        return [attr.g]
-    if attr.type == AttributeProto.GRAPHS:
-        return list(attr.graphs)
-    return []
