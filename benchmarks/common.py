@@ -42,6 +42,10 @@ ALL_TOOLS = ("amp-compiler", *PEERS)
 def python_for(tool: str, log: Callable[[str], None] = print) -> tuple[str, str | None]:
     """(python executable, reason it is unavailable or None) for a tool."""
     if tool == "modelopt-autocast":
+        import importlib.util
+
+        if importlib.util.find_spec("modelopt") is not None:  # installed beside us (a lent GPU machine)
+            return sys.executable, None
         from .modelopt_env import ModelOptUnavailable, ensure_modelopt_env
 
         try:
@@ -66,7 +70,8 @@ def run_tool(tool: str, model_path: str | os.PathLike, out_path: str | os.PathLi
         result_path = Path(tmp) / "result.json"
         log_path = Path(tmp) / "log.txt"
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) if python == sys.executable else ""
+        inherited = env.get("PYTHONPATH", "")  # packages put on the path (a GPU machine's carried wheels)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT) if python == sys.executable else "", inherited) if p)
         start = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.Popen([python, str(WORKER), tool, str(model_path), str(out_path), str(result_path),
@@ -143,14 +148,15 @@ def _signal_name(status: int) -> str:
 # --------------------------------------------------------------------------- measuring an output
 
 
-def ort_outputs(model_path: str | os.PathLike, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray] | None, str]:
-    """Outputs of the model on ONNX Runtime (CPU), or (None, why it did not load or run)."""
+def ort_outputs(model_path: str | os.PathLike, feeds: dict[str, np.ndarray],
+                provider: str = "CPUExecutionProvider") -> tuple[list[np.ndarray] | None, str]:
+    """Outputs of the model on ONNX Runtime (CPU unless ``provider`` says), or (None, why it did not load or run)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(model_path), opts, providers=[provider])
     except Exception as exc:  # noqa: BLE001 - any load failure is a cell
         return None, "load failed: " + _one_line(exc)
     names = {i.name for i in sess.get_inputs()}

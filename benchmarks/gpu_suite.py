@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -71,191 +69,18 @@ def device_key(name: str) -> str:
     return "".join(ch for ch in low if ch.isalnum())[:32] or "cuda"
 
 
-# --------------------------------------------------------------------------- ORT CUDA latency
-
-
-def ort_cuda_latency(model_path: str | Path, feeds: dict[str, np.ndarray], *, warmup: int = 10,
-                     iters: int = 50) -> dict[str, Any]:
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return {"error": "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"}
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        sess = ort.InferenceSession(str(model_path), opts, providers=["CUDAExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001
-        return {"error": "load failed: " + common._one_line(exc)}
-    binding = sess.io_binding()
-    names = {i.name for i in sess.get_inputs()}
-    for name, value in feeds.items():
-        if name in names:
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-    for out in sess.get_outputs():
-        binding.bind_output(out.name, "cuda")
-    try:
-        for _ in range(warmup):
-            sess.run_with_iobinding(binding)
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            sess.run_with_iobinding(binding)
-            binding.synchronize_outputs()
-            times.append(time.perf_counter() - start)
-    except Exception as exc:  # noqa: BLE001
-        return {"error": "run failed: " + common._one_line(exc)}
-    return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times)}
-
-
-def part_ort(models: list[str], log: Callable[[str], None]) -> list[dict[str, Any]]:
-    from . import zoo
-
-    rows = []
-    for name in models:
-        path = zoo.export_onnx(name, "base")
-        feeds = zoo.random_feeds(path, seed=0)
-        row: dict[str, Any] = {"model": name, "fp32": ort_cuda_latency(path, feeds), "tools": {}}
-        with tempfile.TemporaryDirectory(prefix=f"amp-gpu-{name}-") as tmp:
-            for tool in common.ALL_TOOLS:
-                python, unavailable = common.python_for(tool, log=log)
-                if unavailable:
-                    row["tools"][tool] = {"error": unavailable}
-                    continue
-                out = Path(tmp) / f"{tool}.onnx"
-                res = common.run_tool(tool, path, out, python=python)
-                row["tools"][tool] = ort_cuda_latency(out, feeds) if res.get("ok") else {"error": res.get("error")}
-                out.unlink(missing_ok=True)
-                log(f"  ort {name:9s} {tool:18s} {row['tools'][tool]}")
-        rows.append(row)
-    return rows
-
-
-# --------------------------------------------------------------------------- PyTorch
-
-
-def _cuda_time(fn: Callable[[], Any], *, warmup: int = 5, iters: int = 20) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _try(fn: Callable[[], float]) -> dict[str, Any]:
-    try:
-        return {"median_ms": fn()}
-    except Exception as exc:  # noqa: BLE001 - one variant failing is a cell
-        return {"error": f"{type(exc).__name__}: {common._one_line(exc)}"}
-
-
-def part_torch(models: list[str], log: Callable[[str], None]) -> list[dict[str, Any]]:
-    import torch
-
-    import amp_compiler
-
-    from . import zoo
-
-    compile_fn = getattr(amp_compiler, "compile", None)
-    compile_training = getattr(amp_compiler, "compile_training", None)
-    rows = []
-    for name in models:
-        model, args = zoo.build_torch_model(name, "base")
-        model = model.cuda()
-        args = tuple(a.cuda() for a in args)
-        fwd: dict[str, Any] = {}
-        with torch.no_grad():
-            model.eval()
-            fwd["fp32"] = _try(lambda: _cuda_time(lambda: model(*args)))
-
-            def autocast_fwd(m=model):
-                with torch.autocast("cuda", dtype=torch.float16):
-                    return m(*args)
-
-            fwd["torch.autocast"] = _try(lambda: _cuda_time(autocast_fwd))
-            compiled = torch.compile(model)
-
-            def compiled_autocast():
-                with torch.autocast("cuda", dtype=torch.float16):
-                    return compiled(*args)
-
-            fwd["torch.compile+autocast"] = _try(lambda: _cuda_time(compiled_autocast))
-            for label, backend in (("amp_compiler.compile", None), ("amp_compiler.compile+inductor", "inductor")):
-                if compile_fn is None:
-                    fwd[label] = {"skipped": "amp_compiler.compile is not available"}
-                    continue
-                fwd[label] = _try(lambda b=backend: _cuda_time(lambda m=compile_fn(model, args, backend=b): m(*args)))
-        train = _training_rows(model, args, compile_training)
-        rows.append({"model": name, "forward": fwd, "training_step": train})
-        log(f"  torch {name}: forward {fwd}; training {train}")
-        del model
-        torch.cuda.empty_cache()
-    return rows
-
-
-def _training_rows(model, args, compile_training) -> dict[str, Any]:
-    import torch
-
-    model.train()
-
-    def loss_fn(out):
-        return out.float().pow(2).mean()
-
-    def fresh():
-        return torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    rows: dict[str, Any] = {}
-    opt = fresh()
-
-    def fp32_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(*args)).backward()
-        opt.step()
-
-    rows["fp32"] = _try(lambda: _cuda_time(fp32_step))
-    scaler = torch.amp.GradScaler("cuda")
-
-    def amp_step(m=model):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(m(*args))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-
-    rows["torch.autocast+GradScaler"] = _try(lambda: _cuda_time(amp_step))
-    compiled = torch.compile(model)
-    rows["torch.compile+autocast+GradScaler"] = _try(lambda: _cuda_time(lambda: amp_step(compiled)))
-    for label, backend in (("amp_compiler.compile_training", None),
-                           ("amp_compiler.compile_training+inductor", "inductor")):
-        if compile_training is None:
-            rows[label] = {"skipped": "amp_compiler.compile_training is not available yet"}
-            continue
-
-        def run(b=backend):
-            step = compile_training(model, loss_fn, fresh(), args, backend=b, n_targets=0)
-            return _cuda_time(lambda: step(*args))
-
-        rows[label] = _try(run)
-    return rows
-
-
 # --------------------------------------------------------------------------- calibration
 
 
 def part_calibrate(models: list[str], device: str, log: Callable[[str], None], *, write_profile: bool = True,
-                   size: str = "base", provider: str = "CUDAExecutionProvider") -> dict[str, Any]:
-    """Time each distinct (op, shapes) of the zoo models in FP32 and FP16 on ORT CUDA EP.
+                   size: str = "base", provider: str = "CUDAExecutionProvider", deadline: float | None = None,
+                   profile_dir: Path | None = None) -> dict[str, Any]:
+    """Time each distinct (op, shapes) of the zoo models as a one-node model in FP32 and FP16, plus
+    casts of the sizes they produce and a chain of tiny ops (the per-kernel launch cost).
 
-    ``provider``/``size`` exist for the tests, which exercise this on the CPU with small models.
+    Each entry keeps what the cost model predicted beside what was measured (GPU kernel time from
+    CUPTI on CUDA, wall time per run everywhere), which ``benchmarks.gpu_fit`` fits the device's
+    parameters to. ``provider``/``size`` exist for the tests, which run this on the CPU.
     """
     import onnx
     import onnxruntime as ort
@@ -274,6 +99,8 @@ def part_calibrate(models: list[str], device: str, log: Callable[[str], None], *
         return {"error": f"onnxruntime has no {provider} (install onnxruntime-gpu)"}
     profile = MeasuredProfile(device)
     failures: dict[str, str] = {}
+    ops: dict[str, dict[str, Any]] = {}
+    sizes: set[int] = set()
     ctx = make_context(target=device if _known_device(device) else "h100")
     for name in models:
         model = load_model(zoo.export_onnx(name, size))
@@ -284,28 +111,123 @@ def part_calibrate(models: list[str], device: str, log: Callable[[str], None], *
         ClassifyPass()(graph, ctx)
         timer = OpTimer(graph, ctx)
         for op in graph.ops.values():
+            if deadline is not None and time.monotonic() > deadline:
+                break
             if not op.has_unit_ports or op.scope or op.canonical in (None, "cast", "constant", "control_flow"):
                 continue
             key = timer.profile_key(op)
-            if key in profile.entries or key in failures:
+            if key in ops or key in failures:
                 continue
             node = imp.nodes[op.name]
+            entry: dict[str, Any] = {"op": op.canonical, "model": name, "flops": timer.flops(op),
+                                     "tensor_core": bool(op.tensor_core), "bytes": {}, "predicted_us": {},
+                                     "measured": {}}
             for dtype, code, np_dtype in (("float32", onnx.TensorProto.FLOAT, np.float32),
                                           ("float16", onnx.TensorProto.FLOAT16, np.float16)):
                 try:
                     single = _single_op_model(imp, op, node, code, np_dtype, opset, helper, numpy_helper)
-                    seconds = _kernel_seconds(single, op, graph, provider=provider)
-                    profile.record(key, dtype, seconds)
+                    measured = _kernel_seconds(single, op, graph, provider=provider)
                 except Exception as exc:  # noqa: BLE001 - an op we cannot isolate keeps the roofline
                     failures[key] = common._one_line(exc)
                     break
-        log(f"  calibrate {name}: {len(profile)} op shapes measured, {len(failures)} not")
-    result: dict[str, Any] = {"entries": len(profile), "not_measured": len(failures),
-                              "failures": dict(list(failures.items())[:50])}
+                entry["bytes"][dtype] = timer.bytes(op, dtype)
+                entry["predicted_us"][dtype] = 1e6 * timer.roofline.op_time(
+                    flops=entry["flops"], bytes_moved=entry["bytes"][dtype], dtype=dtype,
+                    tensor_core=op.tensor_core, aligned=timer.aligned(op, dtype) if op.tensor_core else True)
+                entry["measured"][dtype] = measured
+                profile.record(key, dtype, measured.get("gpu_s", measured["wall_s"]) + timer.roofline.launch_overhead)
+            else:
+                ops[key] = entry
+                sizes.update(graph.numel(graph.tensors[o]) for o in op.outputs if o)
+        log(f"  calibrate {name}: {len(ops)} op shapes measured, {len(failures)} not")
+    result: dict[str, Any] = {"entries": len(ops), "not_measured": len(failures),
+                              "failures": dict(list(failures.items())[:50]), "ops": ops}
+    if deadline is None or time.monotonic() < deadline:
+        result["casts"] = _calibrate_casts(sorted(s for s in sizes if s)[:: max(1, len(sizes) // 40)], provider)
+        result["launch"] = _calibrate_launch(provider)
     if write_profile and len(profile):
-        path = default_profile_path(device) if _known_device(device) else common.RESULTS_DIR / f"profile-{device}.json"
+        path = (Path(profile_dir) / f"profile-{device}.json" if profile_dir is not None
+                else default_profile_path(device) if _known_device(device)
+                else common.RESULTS_DIR / f"profile-{device}.json")
         profile.save(path)
-        result["profile_path"] = str(path)
+        result["profile_path"] = path.name
+    return result
+
+
+def _calibrate_casts(sizes: list[int], provider: str) -> dict[str, Any]:
+    """A Cast of ``n`` elements each way, timed as a one-node model."""
+    from onnx import TensorProto, helper
+
+    out: dict[str, Any] = {}
+    for n in sizes:
+        for label, src, dst in (("f32->f16", TensorProto.FLOAT, TensorProto.FLOAT16),
+                                ("f16->f32", TensorProto.FLOAT16, TensorProto.FLOAT)):
+            g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=dst)], "cast",
+                                  [helper.make_tensor_value_info("x", src, [n])],
+                                  [helper.make_tensor_value_info("y", dst, [n])])
+            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+            try:
+                out.setdefault(str(n), {})[label] = _time_session(model.SerializeToString(), {"x": [n]}, provider)
+            except Exception as exc:  # noqa: BLE001
+                out.setdefault(str(n), {})[label] = {"error": common._one_line(exc)}
+    return out
+
+
+def _calibrate_launch(provider: str, length: int = 64) -> dict[str, Any]:
+    """A chain of ``length`` tiny Relu nodes: wall time per node is the runtime's per-kernel cost."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(length)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT16, [64])],
+                          [helper.make_tensor_value_info(f"t{length}", TensorProto.FLOAT16, [64])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    res = _time_session(model.SerializeToString(), {"t0": [64]}, provider, optimize=False)
+    res["nodes"] = length
+    return res
+
+
+def _time_session(model_bytes: bytes, shapes: dict[str, list[int]], provider: str, iters: int = 20,
+                  optimize: bool = True) -> dict[str, Any]:
+    """Wall seconds per run (device-resident I/O) and, on CUDA, GPU kernel seconds per run."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model_bytes, opts, providers=[provider])
+    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
+    binding = sess.io_binding()
+    rng = np.random.default_rng(1)
+    for i in sess.get_inputs():
+        dtype = types.get(i.type, np.float32)
+        shape = shapes.get(i.name, [])
+        value = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
+        binding.bind_ortvalue_input(i.name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+    for o in sess.get_outputs():
+        binding.bind_output(o.name, device)
+
+    def run() -> None:
+        sess.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+
+    for _ in range(5):
+        run()
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    result: dict[str, Any] = {"wall_s": (time.perf_counter() - start) / iters}
+    if device == "cuda":
+        from .cuda_trace import cuda_kernels
+
+        k = cuda_kernels(run, iters)
+        if "error" in k:
+            result["cupti_error"] = k["error"]
+        else:
+            result["gpu_s"] = k["gpu_us_per_run"] * 1e-6
+            result["kernels"] = k["kernels_per_run"]
     return result
 
 
@@ -345,59 +267,43 @@ def _single_op_model(imp, op, node, code, np_dtype, opset, helper, numpy_helper)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _kernel_seconds(model, op, graph, iters: int = 20, provider: str = "CUDAExecutionProvider") -> float:
-    """Median kernel time of the node from ORT's profiler (falls back to wall time per run)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.enable_profiling = True
-    with tempfile.TemporaryDirectory() as tmp:
-        opts.profile_file_prefix = str(Path(tmp) / "prof")
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=[provider])
-        feeds = {}
-        types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                 "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
-        for i in sess.get_inputs():
-            shape = graph.concrete_shape(i.name) or []
-            dtype = types.get(i.type, np.float32)
-            feeds[i.name] = np.random.default_rng(1).standard_normal(shape).astype(dtype) \
-                if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
-        walls = []
-        for _ in range(5 + iters):
-            start = time.perf_counter()
-            sess.run(None, feeds)
-            walls.append(time.perf_counter() - start)
-        trace = json.loads(Path(sess.end_profiling()).read_text())
-    kernels = [e["dur"] * 1e-6 for e in trace if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
-    if len(kernels) >= iters:
-        return statistics.median(kernels[-iters:])
-    return statistics.median(walls[5:])
+def _kernel_seconds(model, op, graph, provider: str = "CUDAExecutionProvider") -> dict[str, Any]:
+    """One-node model timed by ``_time_session``, its inputs at the graph's concrete shapes."""
+    shapes = {name: list(graph.concrete_shape(name) or []) for name in op.inputs if name}
+    return _time_session(model.SerializeToString(), shapes, provider)
 
 
 # --------------------------------------------------------------------------- command
 
 
 def render(data: dict[str, Any]) -> str:
-    lines = [f"Generated by `{data['command']}` on {data['date']} on **{data['device']}** ({common.provenance(data)})."]
+    gpu = data.get("gpu", {})
+    lines = [f"Generated by `{data['command']}` on {data['date']} on **{data['device']}** "
+             f"(driver/memory: {gpu.get('nvidia_smi', '?')}; ONNX Runtime {gpu.get('onnxruntime', '?')}, "
+             f"CUDA {gpu.get('torch_cuda', '?')}; {common.provenance(data)})."]
     if data.get("ort"):
-        headers = ["model", "FP32 ms", *[common.TOOL_LABELS[t] + " ms" for t in common.ALL_TOOLS]]
+        headers = ["model", "batch", "FP32 ms", *[common.TOOL_LABELS[t] + " ms" for t in common.ALL_TOOLS],
+                   "ours / best peer"]
         rows = []
         for r in data["ort"]:
-            cells = [r["model"], _ms(r["fp32"])]
+            cells = [r["model"], r.get("batch", "?"), _ms(r.get("fp32", {}))]
             cells += [_ms(r["tools"].get(t, {})) for t in common.ALL_TOOLS]
+            ours = r["tools"].get("amp-compiler", {}).get("median_ms")
+            peers = [r["tools"].get(t, {}).get("median_ms") for t in common.PEERS]
+            peers = [p for p in peers if p]
+            cells.append(f"{ours / min(peers):.2f}" if ours and peers else "-")
             rows.append(cells)
-        lines += ["", "ONNX Runtime CUDA EP latency (median, IOBinding):", "", common.md_table(headers, rows)]
+        lines += ["", "ONNX Runtime CUDA EP latency (median of 50 runs, IOBinding, inputs and outputs on the GPU):",
+                  "", common.md_table(headers, rows)]
     if data.get("torch"):
-        for part, title in (("forward", "PyTorch forward"), ("training_step", "PyTorch training step")):
-            variants = list(data["torch"][0][part])
-            rows = [[r["model"], *[_ms(r[part].get(v, {})) for v in variants]] for r in data["torch"]]
-            lines += ["", f"{title} (median ms, CUDA events):", "",
-                      common.md_table(["model", *variants], rows)]
+        for part, title in (("forward", "PyTorch forward"), ("training_step", "PyTorch training step (AdamW)")):
+            variants = list(dict.fromkeys(v for r in data["torch"] for v in r.get(part, {})))
+            rows = [[r["model"], *[_ms(r.get(part, {}).get(v, {})) for v in variants]] for r in data["torch"]]
+            lines += ["", f"{title} (median ms, CUDA events):", "", common.md_table(["model", *variants], rows)]
     if data.get("calibrate"):
         c = data["calibrate"]
         lines += ["", f"Calibration: {c.get('entries', 0)} op shapes measured in FP32 and FP16, "
-                      f"{c.get('not_measured', 0)} not; profile: `{c.get('profile_path', c.get('error'))}`."]
+                      f"{c.get('not_measured', 0)} not."]
     return "\n".join(lines)
 
 
@@ -410,13 +316,36 @@ def _ms(cell: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from . import zoo
+    from .gpu_ort import part_ort
+    from .gpu_torch import part_torch
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     p.add_argument("--models", nargs="+", default=list(zoo.MODEL_NAMES), choices=zoo.MODEL_NAMES)
+    p.add_argument("--torch-models", nargs="+", default=list(TORCH_MODELS), choices=zoo.MODEL_NAMES,
+                   help="models of the PyTorch part (default: %(default)s)")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 16],
+                   help="batch sizes of the ORT part: latency and throughput (default: %(default)s)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop starting new cells after this many seconds; later cells say 'skipped'")
+    p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR,
+                   help="where the results JSON goes, rewritten after every cell (default: benchmarks/results)")
+    p.add_argument("--results-name", default=None,
+                   help="results file name (default: gpu-<device>-<date>.json)")
+    p.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                   help="write the README's tables from a results file made earlier (on a GPU machine); runs nothing")
+    p.add_argument("--provider", default="CUDAExecutionProvider", help=argparse.SUPPRESS)  # CPU dry runs
+    p.add_argument("--size", default="base", choices=zoo.SIZES, help=argparse.SUPPRESS)
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)
+    if args.render:
+        data = json.loads(args.render.read_text())
+        common.update_readme_section("gpu-results", render(data))
+        print(render(data))
+        return 0
     present, name = cuda_available()
+    if args.provider != "CUDAExecutionProvider":
+        present, name = True, f"dry run on {args.provider}"
     if not present:
         print("no CUDA device: skipped")
         return 0
@@ -425,15 +354,68 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     device = device_key(name)
-    data: dict[str, Any] = {**common.run_header("gpu_suite", argv), "device": name, "device_key": device}
+    deadline = time.monotonic() + (args.budget_s if args.budget_s else 1e9)
+    data: dict[str, Any] = {**common.run_header("gpu_suite", argv), "device": name, "device_key": device,
+                            "gpu": gpu_info()}
+    out_name = args.results_name or f"gpu-{device}-{data['date']}.json"
+    # with calibration to follow, the ORT part leaves it the last quarter of the budget
+    ort_deadline = deadline - 0.25 * args.budget_s if args.budget_s and "calibrate" in args.parts else deadline
+
+    def sink(_rows=None) -> None:
+        common.write_json(out_name, data, args.results_dir)
+
     if "ort" in args.parts:
-        data["ort"] = part_ort(args.models, log)
-    if "torch" in args.parts:
-        data["torch"] = part_torch([m for m in args.models if m in TORCH_MODELS], log)
+        data["ort"] = []
+        data["ort"] = part_ort(args.models, args.batches, log, deadline=ort_deadline, provider=args.provider, size=args.size,
+                               sink=lambda rows: (data.__setitem__("ort", rows), sink()))
+        sink()
     if "calibrate" in args.parts:
-        data["calibrate"] = part_calibrate(args.models, device, log)
-    common.publish(f"gpu-{device}-{data['date']}.json", "gpu-results", data, render(data), not args.no_readme, log)
+        with zoo.at_batch(max(args.batches)):
+            data["calibrate"] = part_calibrate(args.models, device, log, provider=args.provider, deadline=deadline,
+                                               profile_dir=args.results_dir, size=args.size)
+        sink()
+    if "torch" in args.parts and args.provider == "CUDAExecutionProvider":
+        from .gpu_torch import eager_launch_us
+
+        data["torch_launch"] = eager_launch_us()
+        data["torch"] = part_torch(args.torch_models, log, deadline=deadline,
+                                   sink=lambda rows: (data.__setitem__("torch", rows), sink()))
+    path = args.results_dir / out_name
+    if args.no_readme:
+        sink()
+        print(render(data))
+        log(f"results: {path}")
+    else:
+        common.publish(out_name, "gpu-results", data, render(data), True, log)
     return 0
+
+
+def gpu_info() -> dict[str, Any]:
+    """The device, driver and CUDA build the numbers came from."""
+    import subprocess
+
+    info: dict[str, Any] = {}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        info["nvidia_smi"] = out
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        info["torch_cuda"] = torch.version.cuda
+        info["cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import onnxruntime as ort
+
+        info["onnxruntime"] = ort.__version__
+        info["ort_providers"] = ort.get_available_providers()
+    except Exception:  # noqa: BLE001
+        pass
+    return info
 
 
 if __name__ == "__main__":

@@ -287,7 +287,10 @@ def _score(ref, outputs) -> dict[str, Any]:
             "within_tolerance": err <= TOLERANCE}
 
 
-def run_case(case: Case, tools: tuple[str, ...], log: Callable[[str], None], work: Path) -> dict[str, Any]:
+def run_case(case: Case, tools: tuple[str, ...], log: Callable[[str], None], work: Path,
+             cuda: bool = False) -> dict[str, Any]:
+    """One case through every tool; ``cuda`` also runs each output on ONNX Runtime's CUDA EP (a GPU
+    machine with onnxruntime-gpu), against the same FP32 reference from the CPU."""
     src = work / f"{case.name}.onnx"
     onnx.save_model(case.model, src)
     calib = work / f"{case.name}.npz"
@@ -300,6 +303,9 @@ def run_case(case: Case, tools: tuple[str, ...], log: Callable[[str], None], wor
         return entry
     emulated, why = fp16_storage_outputs(src, case.feeds)  # sanity: FP32 through the emulator matches ORT
     entry["fp32_emulator_error"] = common.max_rel_error(ref, emulated) if emulated is not None else why
+    if cuda:  # FP32 on the GPU against the CPU: the floor of every CUDA cell (TF32, kernel order)
+        on_gpu, why = common.ort_outputs(src, case.feeds, provider="CUDAExecutionProvider")
+        entry["fp32_cuda_error"] = common.max_rel_error(ref, on_gpu) if on_gpu is not None else why
     for tool in tools:
         base_tool, variant = VARIANTS[tool]
         python, unavailable = common.python_for(base_tool, log=log)
@@ -323,6 +329,9 @@ def run_case(case: Case, tools: tuple[str, ...], log: Callable[[str], None], wor
                 cell.update(_score(ref, outputs))
             emulated, why = fp16_storage_outputs(out, case.feeds)
             cell["fp16_storage"] = _score(ref, emulated) if emulated is not None else {"error": why}
+            if cuda:
+                on_gpu, why = common.ort_outputs(out, case.feeds, provider="CUDAExecutionProvider")
+                cell["cuda"] = _score(ref, on_gpu) if on_gpu is not None else {"error": why}
             if "summary" in res:
                 cell["fp16_nodes"] = res["summary"].get("fp16_nodes")
                 cell["nodes"] = res["summary"].get("nodes")
@@ -332,7 +341,14 @@ def run_case(case: Case, tools: tuple[str, ...], log: Callable[[str], None], wor
     return entry
 
 
-MODES = (("ort", "ONNX Runtime 1.x CPU provider"), ("fp16_storage", "FP16 storage emulation (GPU-like)"))
+MODES = (("ort", "ONNX Runtime 1.x CPU provider"), ("fp16_storage", "FP16 storage emulation (GPU-like)"),
+         ("cuda", "ONNX Runtime CUDA EP, on a GPU"))
+
+
+def _modes(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The evaluation modes these results hold (the CUDA one only from a GPU machine)."""
+    has_cuda = any("cuda" in c for e in results for c in e["tools"].values())
+    return [(m, t) for m, t in MODES if m != "cuda" or has_cuda]
 
 
 def _mode_cell(cell: dict[str, Any], mode: str) -> dict[str, Any] | None:
@@ -340,14 +356,14 @@ def _mode_cell(cell: dict[str, Any], mode: str) -> dict[str, Any] | None:
         return None
     if mode == "ort":
         return cell if cell.get("loads") else None
-    got = cell.get("fp16_storage", {})
+    got = cell.get(mode, {})
     return got if "max_rel_error" in got else None
 
 
 def verdicts(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per evaluation mode and case: which full-FP16 peers break, and does amp-compiler (default) hold?"""
     out: dict[str, Any] = {}
-    for mode, _ in MODES:
+    for mode, _ in _modes(results):
         per_case = {}
         for entry in results:
             tools = entry["tools"]
@@ -377,7 +393,7 @@ def render(data: dict[str, Any]) -> str:
              f"error against the FP32 model on ONNX Runtime, max over outputs of max|out - fp32| / max|fp32| "
              f"(tolerance {TOLERANCE:g}; ✗ = over it, 'non-finite' = inf/NaN where FP32 is finite). amp-compiler "
              f"cells also give FP16 ops / all ops."]
-    for mode, title in MODES:
+    for mode, title in _modes(data["results"]):
         rows = []
         for entry in data["results"]:
             row = [entry["case"]]
@@ -414,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.torture", description=__doc__.split("\n\n")[0])
     p.add_argument("--tools", nargs="+", default=list(TORTURE_TOOLS), choices=TORTURE_TOOLS)
     p.add_argument("--cases", nargs="+", default=None)
+    p.add_argument("--cuda", action="store_true",
+                   help="also run every output on ONNX Runtime's CUDA EP (needs a GPU and onnxruntime-gpu)")
+    p.add_argument("--results-name", default="torture.json", help="results file under benchmarks/results")
+    p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR)
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)
 
@@ -424,13 +444,17 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in build_cases() if args.cases is None or c.name in args.cases]
     work = Path(tempfile.mkdtemp(prefix="amp-torture-"))
     try:
-        results = [run_case(c, tuple(args.tools), log, work) for c in cases]
+        results = [run_case(c, tuple(args.tools), log, work, cuda=args.cuda) for c in cases]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     data = {**header,
             "tools": list(args.tools), "tolerance": TOLERANCE, "results": results}
     data["verdicts"] = verdicts(results)
-    common.publish("torture.json", "torture-table", data, render(data), not args.no_readme, log)
+    if args.no_readme:
+        print(render(data))
+        log(f"results: {common.write_json(args.results_name, data, args.results_dir)}")
+    else:
+        common.publish(args.results_name, "torture-table", data, render(data), True, log)
     return 0
 
 

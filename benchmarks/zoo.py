@@ -65,6 +65,7 @@ __all__ = [
     "cache_path",
     "default_cache_dir",
     "random_feeds",
+    "at_batch",
 ]
 
 MODEL_NAMES = ("bert", "gpt2", "resnet", "vit", "t5", "whisper", "convnext")
@@ -120,6 +121,18 @@ def _mask(name: str, seq: int) -> ZooInput:
 
 def _image(px: int, channels: int = 3) -> ZooInput:
     return ZooInput("pixel_values", (BATCH, channels, px, px))
+
+
+@contextlib.contextmanager
+def at_batch(batch: int):
+    """Build, export and feed zoo entries at another batch size inside the block (the cache key
+    holds the input shapes, so each batch gets its own file)."""
+    global BATCH
+    saved, BATCH = BATCH, int(batch)
+    try:
+        yield
+    finally:
+        BATCH = saved
 
 
 def _pick(size: str, small: dict, base: dict) -> dict:
