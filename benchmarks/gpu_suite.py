@@ -165,7 +165,7 @@ def _calibrate_casts(sizes: list[int], provider: str) -> dict[str, Any]:
             g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=dst)], "cast",
                                   [helper.make_tensor_value_info("x", src, [n])],
                                   [helper.make_tensor_value_info("y", dst, [n])])
-            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+            model = _small_model(g, 18)
             try:
                 out.setdefault(str(n), {})[label] = _time_session(model.SerializeToString(), {"x": [n]}, provider)
             except Exception as exc:  # noqa: BLE001
@@ -180,7 +180,7 @@ def _calibrate_launch(provider: str, length: int = 64) -> dict[str, Any]:
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(length)]
     g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT16, [64])],
                           [helper.make_tensor_value_info(f"t{length}", TensorProto.FLOAT16, [64])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model = _small_model(g, 18)
     res = _time_session(model.SerializeToString(), {"t0": [64]}, provider, optimize=False)
     res["nodes"] = length
     return res
@@ -231,6 +231,16 @@ def _time_session(model_bytes: bytes, shapes: dict[str, list[int]], provider: st
     return result
 
 
+def _small_model(graph, opset: int):
+    """A one-graph model at IR version 10: the newest onnx writes IR versions older runtimes refuse
+    (ONNX Runtime 1.31 reads up to 13)."""
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
 def _known_device(device: str) -> bool:
     from cost_model import DEVICES
 
@@ -264,7 +274,7 @@ def _single_op_model(imp, op, node, code, np_dtype, opset, helper, numpy_helper)
             t = graph.tensors[name]
             outputs.append(helper.make_tensor_value_info(name, code if is_unit else dtype_to_onnx(t.dtype), None))
     g = helper.make_graph([node], "single_op", inputs, outputs, inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return _small_model(g, opset)
 
 
 def _kernel_seconds(model, op, graph, provider: str = "CUDAExecutionProvider") -> dict[str, Any]:
