@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 # Kernel-name fragments -> the class the census reports them under (first match wins).
 _CLASSES = (
-    ("cast", re.compile(r"cast", re.I)),
+    ("cast", re.compile(r"(?<!broad)cast", re.I)),  # not BroadcastBias/BinaryElementWiseBroadcast
     ("gemm", re.compile(r"gemm|cutlass|sm\d+_xmma|matmul|cublas|ampere_|hopper_|sm90_|nvjet", re.I)),
     ("conv", re.compile(r"conv|implicit_gemm|winograd|fft", re.I)),
     ("attention", re.compile(r"attention|fmha|flash|mha", re.I)),

@@ -33,7 +33,7 @@ PROFILED_RUNS = 5
 
 
 def _prepare_entry(name: str, batch: int, work_dir: str, size: str = "base",
-                   timeout: float = 600.0) -> dict[str, Any]:
+                   timeout: float = 600.0, tools: tuple[str, ...] = common.ALL_TOOLS) -> dict[str, Any]:
     """Export one zoo model at one batch and convert it with every tool (runs in a worker process)."""
     import torch
 
@@ -52,7 +52,7 @@ def _prepare_entry(name: str, batch: int, work_dir: str, size: str = "base",
     entry["files"]["fp32"] = str(src)
     out_dir = Path(work_dir) / f"{name}-b{batch}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for tool in common.ALL_TOOLS:
+    for tool in tools:
         python, unavailable = common.python_for(tool, log=lambda msg: None)
         if unavailable:
             entry["convert"][tool] = {"ok": False, "error": unavailable}
@@ -67,7 +67,8 @@ def _prepare_entry(name: str, batch: int, work_dir: str, size: str = "base",
 
 
 def prepare(models: list[str], batches: list[int], work_dir: str | Path, log: Callable[[str], None],
-            workers: int | None = None, size: str = "base", timeout: float = 600.0) -> list[dict[str, Any]]:
+            workers: int | None = None, size: str = "base", timeout: float = 600.0,
+            tools: tuple[str, ...] = common.ALL_TOOLS) -> list[dict[str, Any]]:
     """Every (model, batch) exported and converted, in parallel processes."""
     import multiprocessing
 
@@ -75,7 +76,7 @@ def prepare(models: list[str], batches: list[int], work_dir: str | Path, log: Ca
     workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
     ctx = multiprocessing.get_context("spawn")  # no CUDA or torch state shared with the parent
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_prepare_entry, m, b, str(work_dir), size, timeout) for m, b in jobs]
+        futures = [pool.submit(_prepare_entry, m, b, str(work_dir), size, timeout, tuple(tools)) for m, b in jobs]
         entries = []
         for fut in futures:
             entry = fut.result()
@@ -194,8 +195,12 @@ def ort_cuda_latency(model_path: str | Path, feeds: dict[str, np.ndarray], *, wa
 
 def part_ort(models: list[str], batches: list[int], log: Callable[[str], None], *, deadline: float,
              provider: str = "CUDAExecutionProvider", work_dir: str | Path | None = None,
-             sink: Callable[[list[dict[str, Any]]], None] | None = None, size: str = "base") -> list[dict[str, Any]]:
+             sink: Callable[[list[dict[str, Any]]], None] | None = None, size: str = "base",
+             tools: tuple[str, ...] = common.ALL_TOOLS, census: bool = True, rounds: int = 0) -> list[dict[str, Any]]:
     """Rows of {model, batch, convert, fp32, tools}; each cell a latency dict or an error.
+
+    ``rounds`` > 0 times all of a row's files again, interleaved (one batch of runs of each file
+    per round): with the files side by side, drift in the host's speed cannot favour one of them.
 
     ``deadline`` (a ``time.monotonic()`` value) leaves later cells as ``skipped`` rather than
     letting the run be cut off; ``sink`` receives the rows after each cell (partial results
@@ -208,7 +213,7 @@ def part_ort(models: list[str], batches: list[int], log: Callable[[str], None], 
     work = Path(tmp.name if tmp else work_dir)
     try:
         # a conversion may take at most a third of what is left, so timing always gets its turn
-        entries = prepare(models, batches, work, log, size=size,
+        entries = prepare(models, batches, work, log, size=size, tools=tools,
                           timeout=max(60.0, min(600.0, (deadline - time.monotonic()) / 3)))
         rows = []
         for entry in entries:
@@ -223,14 +228,14 @@ def part_ort(models: list[str], batches: list[int], log: Callable[[str], None], 
                 continue
             feeds = zoo.random_feeds(entry["files"]["fp32"], seed=0)
             reference = None
-            for variant in ("fp32", *common.ALL_TOOLS):
+            for variant in ("fp32", *tools):
                 cell: dict[str, Any]
                 if time.monotonic() > deadline:
                     cell = {"skipped": "time budget of the run spent"}
                 elif variant not in entry["files"]:
                     cell = {"error": "conversion failed: " + str(entry["convert"][variant].get("error", "?"))}
                 else:
-                    cell = ort_cuda_latency(entry["files"][variant], feeds, provider=provider)
+                    cell = ort_cuda_latency(entry["files"][variant], feeds, provider=provider, census=census)
                 outputs = cell.pop("_outputs", None)
                 if variant == "fp32":
                     reference = outputs
@@ -246,7 +251,58 @@ def part_ort(models: list[str], batches: list[int], log: Callable[[str], None], 
                     + (f"{cell['median_ms']:.3f} ms" if "median_ms" in cell else str(cell)[:120]))
                 if sink:
                     sink(rows)
+            if rounds and time.monotonic() < deadline:
+                walls = interleaved_latency(entry["files"], feeds, rounds, provider=provider)
+                for variant, ms in walls.items():
+                    cell = row["fp32"] if variant == "fp32" else row["tools"].get(variant)
+                    if cell is not None and "median_ms" in cell:
+                        cell["interleaved_ms"] = ms
+                log(f"  ort {entry['model']:8s} b{entry['batch']:<3d} interleaved: "
+                    + ", ".join(f"{v} {ms['median_ms']:.3f}" for v, ms in walls.items()))
+                if sink:
+                    sink(rows)
         return rows
     finally:
         if tmp:
             tmp.cleanup()
+
+
+def interleaved_latency(files: dict[str, str], feeds: dict[str, np.ndarray], rounds: int, *, iters: int = 30,
+                        provider: str = "CUDAExecutionProvider") -> dict[str, dict[str, Any]]:
+    """All files loaded at once and timed in turn, ``rounds`` times: per file the median of its
+    round medians (ms) and the round medians themselves."""
+    import onnxruntime as ort
+
+    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+    runners = {}
+    for variant, path in files.items():
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        try:
+            sess = ort.InferenceSession(str(path), opts, providers=[provider])
+        except Exception:  # noqa: BLE001 - its sequential cell already says why
+            continue
+        binding = sess.io_binding()
+        names = {i.name for i in sess.get_inputs()}
+        for name, value in feeds.items():
+            if name in names:
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+        for out in sess.get_outputs():
+            binding.bind_output(out.name, device)
+        runners[variant] = (sess, binding)
+    medians: dict[str, list[float]] = {v: [] for v in runners}
+    for _ in range(rounds):
+        for variant, (sess, binding) in runners.items():
+            for _ in range(3):
+                sess.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+            times = []
+            for _ in range(iters):
+                start = time.perf_counter()
+                sess.run_with_iobinding(binding)
+                binding.synchronize_outputs()
+                times.append(time.perf_counter() - start)
+            medians[variant].append(1e3 * statistics.median(times))
+    runners.clear()
+    gc.collect()
+    return {v: {"median_ms": statistics.median(m), "round_medians_ms": m} for v, m in medians.items()}

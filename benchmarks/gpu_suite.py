@@ -318,6 +318,8 @@ def render(data: dict[str, Any]) -> str:
 
 
 def _ms(cell: dict[str, Any]) -> str:
+    if "interleaved_ms" in cell:
+        return f"{cell['interleaved_ms']['median_ms']:.2f}"
     if "median_ms" in cell:
         return f"{cell['median_ms']:.2f}"
     return ("skipped: " + cell["skipped"]) if "skipped" in cell else f"failed: {cell.get('error', '?')}"[:60]
@@ -336,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="models of the PyTorch part (default: %(default)s)")
     p.add_argument("--batches", nargs="+", type=int, default=[1, 16],
                    help="batch sizes of the ORT part: latency and throughput (default: %(default)s)")
+    p.add_argument("--tools", nargs="+", default=list(common.ALL_TOOLS), choices=common.ALL_TOOLS,
+                   help="converters of the ORT part (default: all; FP32 is always timed)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved timing rounds per model after the first pass (default: %(default)s)")
+    p.add_argument("--no-census", action="store_true", help="skip the profiled runs (kernel census)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop starting new cells after this many seconds; later cells say 'skipped'")
     p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR,
@@ -377,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if "ort" in args.parts:
         data["ort"] = []
         data["ort"] = part_ort(args.models, args.batches, log, deadline=ort_deadline, provider=args.provider, size=args.size,
+                               tools=tuple(args.tools), census=not args.no_census, rounds=args.rounds,
                                sink=lambda rows: (data.__setitem__("ort", rows), sink()))
         sink()
     if "calibrate" in args.parts:
