@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["amp_compiler", "amp_compiler.onnx_io", "amp_compiler.fx_io", "amp_compiler.report", "passes", "cost_model"],
-    package_data={"cost_model": ["profiles/*.json"]},
+    package_data={"cost_model": ["profiles/*.json", "fitted/*.json"]},
     install_requires=[
         "numpy>=1.24",
         "networkx>=3.0",

@@ -42,6 +42,7 @@ when non-finite values appear where FP32 has none. Tolerance: 1e-2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
@@ -434,12 +435,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run every output on ONNX Runtime's CUDA EP (needs a GPU and onnxruntime-gpu)")
     p.add_argument("--results-name", default="torture.json", help="results file under benchmarks/results")
     p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR)
+    p.add_argument("--readme-section", default=None,
+                   help="README section to write (default: torture-table; torture-cuda-table with --cuda)")
+    p.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                   help="write the README section from a results file made earlier (on a GPU machine); runs nothing")
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    section = args.readme_section or ("torture-cuda-table" if args.cuda else "torture-table")
+    if args.render:
+        data = json.loads(args.render.read_text())
+        section = args.readme_section or ("torture-cuda-table" if "cuda" in data.get("verdicts", {}) else "torture-table")
+        common.update_readme_section(section, render(data))
+        print(render(data))
+        return 0
     header = common.run_header("torture", argv, ("onnx", "onnxruntime", "onnxconverter-common"))  # the code that runs
     cases = [c for c in build_cases() if args.cases is None or c.name in args.cases]
     work = Path(tempfile.mkdtemp(prefix="amp-torture-"))
@@ -454,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(data))
         log(f"results: {common.write_json(args.results_name, data, args.results_dir)}")
     else:
-        common.publish(args.results_name, "torture-table", data, render(data), True, log)
+        common.publish(args.results_name, section, data, render(data), True, log)
     return 0
 
 
