@@ -129,6 +129,46 @@ def kernel_census(trace: list[dict[str, Any]], runs: int) -> dict[str, Any]:
             "cpu_ops": cpu, "nodes": nodes}
 
 
+class BoundSession:
+    """An ONNX Runtime session with its inputs and outputs bound on the device (IOBinding):
+    ``run()`` is one inference, synchronised. ``feeds`` may be a function of the session (inputs
+    drawn from its declared types)."""
+
+    def __init__(self, model: str | Path | bytes, feeds: dict[str, np.ndarray] | Callable[[Any], dict],
+                 provider: str = "CUDAExecutionProvider", opts: Any = None) -> None:
+        import onnxruntime as ort
+
+        self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+        if opts is None:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+        self.sess = ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+                                         providers=[provider])
+        self.binding = self.sess.io_binding()
+        values = feeds(self.sess) if callable(feeds) else feeds
+        names = {i.name for i in self.sess.get_inputs()}
+        for name, value in values.items():
+            if name in names:
+                self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, self.device, 0))
+        for out in self.sess.get_outputs():
+            self.binding.bind_output(out.name, self.device)
+
+    def run(self) -> None:
+        self.sess.run_with_iobinding(self.binding)
+        self.binding.synchronize_outputs()
+
+    def times(self, iters: int, warmup: int = 0) -> list[float]:
+        """Wall seconds of each of ``iters`` runs after ``warmup`` untimed ones."""
+        for _ in range(warmup):
+            self.run()
+        out = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            self.run()
+            out.append(time.perf_counter() - start)
+        return out
+
+
 def ort_cuda_latency(model_path: str | Path, feeds: dict[str, np.ndarray], *, warmup: int = 10, iters: int = 50,
                      census: bool = True, provider: str = "CUDAExecutionProvider") -> dict[str, Any]:
     """Median latency (IOBinding, device-resident inputs and outputs), GPU memory the session
@@ -146,44 +186,27 @@ def ort_cuda_latency(model_path: str | Path, feeds: dict[str, np.ndarray], *, wa
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "prof")
         try:
-            sess = ort.InferenceSession(str(model_path), opts, providers=[provider])
+            bound = BoundSession(model_path, feeds, provider, opts)
         except Exception as exc:  # noqa: BLE001
             return {"error": "load failed: " + common._one_line(exc)}
         try:
-            binding = sess.io_binding()
-            names = {i.name for i in sess.get_inputs()}
-            for name, value in feeds.items():
-                if name in names:
-                    binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
-            for out in sess.get_outputs():
-                binding.bind_output(out.name, device)
             result: dict[str, Any] = {}
             for _ in range(max(warmup, PROFILED_RUNS)):
-                sess.run_with_iobinding(binding)
-            binding.synchronize_outputs()
+                bound.run()
             if census:
-                trace = json.loads(Path(sess.end_profiling()).read_text())
+                trace = json.loads(Path(bound.sess.end_profiling()).read_text())
                 result["census"] = kernel_census(trace, PROFILED_RUNS)
                 if device == "cuda":
                     from .cuda_trace import cuda_kernels
 
-                    def one_run() -> None:
-                        sess.run_with_iobinding(binding)
-                        binding.synchronize_outputs()
-
-                    result["gpu_kernels"] = cuda_kernels(one_run, PROFILED_RUNS)
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                sess.run_with_iobinding(binding)
-                binding.synchronize_outputs()
-                times.append(time.perf_counter() - start)
+                    result["gpu_kernels"] = cuda_kernels(bound.run, PROFILED_RUNS)
+            times = bound.times(iters)
             free_after = _free_gpu_bytes() if device == "cuda" else None
-            outputs = [np.asarray(o) for o in binding.copy_outputs_to_cpu()]
+            outputs = [np.asarray(o) for o in bound.binding.copy_outputs_to_cpu()]
         except Exception as exc:  # noqa: BLE001
             return {"error": "run failed: " + common._one_line(exc)}
         finally:
-            sess = binding = None  # the session frees its GPU arena before the next one
+            bound = None  # the session frees its GPU arena before the next one
             gc.collect()
     result.update(median_ms=1e3 * statistics.median(times), min_ms=1e3 * min(times),
                   spread=(statistics.quantiles(times, n=10)[-1] - min(times)) / statistics.median(times))
@@ -271,38 +294,16 @@ def interleaved_latency(files: dict[str, str], feeds: dict[str, np.ndarray], rou
                         provider: str = "CUDAExecutionProvider") -> dict[str, dict[str, Any]]:
     """All files loaded at once and timed in turn, ``rounds`` times: per file the median of its
     round medians (ms) and the round medians themselves."""
-    import onnxruntime as ort
-
-    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
     runners = {}
     for variant, path in files.items():
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
         try:
-            sess = ort.InferenceSession(str(path), opts, providers=[provider])
+            runners[variant] = BoundSession(path, feeds, provider)
         except Exception:  # noqa: BLE001 - its sequential cell already says why
             continue
-        binding = sess.io_binding()
-        names = {i.name for i in sess.get_inputs()}
-        for name, value in feeds.items():
-            if name in names:
-                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
-        for out in sess.get_outputs():
-            binding.bind_output(out.name, device)
-        runners[variant] = (sess, binding)
     medians: dict[str, list[float]] = {v: [] for v in runners}
     for _ in range(rounds):
-        for variant, (sess, binding) in runners.items():
-            for _ in range(3):
-                sess.run_with_iobinding(binding)
-            binding.synchronize_outputs()
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                sess.run_with_iobinding(binding)
-                binding.synchronize_outputs()
-                times.append(time.perf_counter() - start)
-            medians[variant].append(1e3 * statistics.median(times))
+        for variant, bound in runners.items():
+            medians[variant].append(1e3 * statistics.median(bound.times(iters, warmup=3)))
     runners.clear()
     gc.collect()
     return {v: {"median_ms": statistics.median(m), "round_medians_ms": m} for v, m in medians.items()}

@@ -190,38 +190,30 @@ def _time_session(model_bytes: bytes, shapes: dict[str, list[int]], provider: st
     """Wall seconds per run (device-resident I/O) and, on CUDA, GPU kernel seconds per run."""
     import onnxruntime as ort
 
+    from .gpu_ort import BoundSession
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model_bytes, opts, providers=[provider])
-    device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
-    binding = sess.io_binding()
     rng = np.random.default_rng(1)
-    for i in sess.get_inputs():
-        dtype = types.get(i.type, np.float32)
-        shape = shapes.get(i.name, [])
-        value = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
-        binding.bind_ortvalue_input(i.name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
-    for o in sess.get_outputs():
-        binding.bind_output(o.name, device)
 
-    def run() -> None:
-        sess.run_with_iobinding(binding)
-        binding.synchronize_outputs()
+    def feeds(sess) -> dict[str, np.ndarray]:  # floats N(0, 1), indices and flags zero
+        out = {}
+        for i in sess.get_inputs():
+            dtype, shape = types.get(i.type, np.float32), shapes.get(i.name, [])
+            out[i.name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
+                           else np.zeros(shape, dtype))
+        return out
 
-    for _ in range(5):
-        run()
-    start = time.perf_counter()
-    for _ in range(iters):
-        run()
-    result: dict[str, Any] = {"wall_s": (time.perf_counter() - start) / iters}
-    if device == "cuda":
+    bound = BoundSession(model_bytes, feeds, provider, opts)
+    result: dict[str, Any] = {"wall_s": sum(bound.times(iters, warmup=5)) / iters}
+    if bound.device == "cuda":
         from .cuda_trace import cuda_kernels
 
-        k = cuda_kernels(run, iters)
+        k = cuda_kernels(bound.run, iters)
         if "error" in k:
             result["cupti_error"] = k["error"]
         else:
@@ -351,6 +343,8 @@ def _busy_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _ms(cell: dict[str, Any]) -> str:
+    if not cell:
+        return "-"  # a tool this run did not include
     if "interleaved_ms" in cell:
         return f"{cell['interleaved_ms']['median_ms']:.2f}"
     if "median_ms" in cell:

@@ -151,3 +151,34 @@ def test_torture_shows_a_cuda_table_only_for_results_from_a_gpu():
                                                                   if v == "amp-compiler" else None)
                                                               for v in torture.OUR_VARIANTS}}
     assert "ONNX Runtime CUDA EP, on a GPU" in torture.render(data)
+
+
+def test_ort_part_runs_end_to_end_on_the_cpu_provider(tmp_path):
+    """The latency part's whole path (parallel preparation, sequential cells with the census,
+    interleaved rounds, error against FP32, partial results) on ONNX Runtime's CPU provider."""
+    pytest.importorskip("transformers")
+    from benchmarks.gpu_ort import part_ort
+    from benchmarks.gpu_suite import render
+
+    seen = []
+    rows = part_ort(["bert"], [1], lambda msg: None, deadline=1e18, provider="CPUExecutionProvider",
+                    work_dir=tmp_path, size="small", tools=("amp-compiler",), rounds=2,
+                    sink=lambda r: seen.append(len(r)))
+    (row,) = rows
+    ours = row["tools"]["amp-compiler"]
+    assert row["convert"]["amp-compiler"]["ok"] and "predicted_time_mixed_s" in row["convert"]["amp-compiler"]["summary"]
+    assert ours["max_rel_error_vs_fp32"] < 1e-2 and "_outputs" not in ours
+    assert ours["census"]["kernels"] > 10 and "nodes" in ours["census"]  # kept for the fit's graphs
+    assert len(ours["interleaved_ms"]["round_medians_ms"]) == 2 and row["fp32"]["interleaved_ms"]["median_ms"] > 0
+    assert seen and set(row["tools"]) == {"amp-compiler"}
+    table = render({"command": "c", "date": "d", "device": "cpu", "commit": "x", "dirty": False, "ort": rows})
+    assert "| bert " in table and "failed" not in table
+
+
+def test_ort_part_past_its_deadline_skips_rather_than_runs(tmp_path):
+    pytest.importorskip("transformers")
+    from benchmarks.gpu_ort import part_ort
+
+    rows = part_ort(["bert"], [1], lambda msg: None, deadline=0.0, provider="CPUExecutionProvider",
+                    work_dir=tmp_path, size="small", tools=("amp-compiler",))
+    assert rows[0]["fp32"] == {"skipped": "time budget of the run spent"}
