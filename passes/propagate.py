@@ -23,7 +23,9 @@ Rewrite cases:
    no tensor-core op in reach stay FP32: converting them buys nothing.
 6. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
    op or not (the "everything in the low dtype" plan), but for a group of constant ops alone
-   (``Constant``, ``ConstantOfShape``): its readers all stay FP32, so it would only be rounded.
+   (``Constant``, ``ConstantOfShape``) and a group of clear ops that reads no graph input (a
+   training step's ``detach`` of its loss): their readers all stay FP32 and they compute nothing,
+   so they would only be rounded.
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
 unsafe in the low dtype (cases 1, 3 and 4) run in FP32; ops merely out of reach keep the
@@ -49,6 +51,8 @@ AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master wei
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
 #: ops whose output is a constant: alone in a group they are not planned low, even under planner="all"
 _CONSTANTS = frozenset({"constant", "constant_of_shape"})
+MOVES_ONLY = ("planner 'all' leaves FP32 a group of data-movement ops between FP32 ops: it computes "
+              "nothing, and in the low dtype it would only round")
 OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are planned"
 ALREADY_LOW = "already in the low dtype in the source model"
 EARLIER_FP32 = "kept FP32 by the amp-compiler run that converted the source model"
@@ -119,11 +123,12 @@ class PropagatePass(Pass):
                     if a != b:
                         parent[a] = b
         forced = forced_low(graph, ctx)
-        # under "all", a group of constants alone (an NMS's iou/score thresholds) feeds only FP32 ops:
-        # in the low dtype it would only be rounded (0.1 -> 0.09998) and cast back
-        seeded = {find(n) for n in candidates
-                  if graph.ops[n].op_class == ALLOW or n in forced
-                  or ctx.planner == "all" and graph.ops[n].canonical not in _CONSTANTS}
+        seeded = {find(n) for n in candidates if graph.ops[n].op_class == ALLOW or n in forced}
+        moves_only = set()
+        if ctx.planner == "all":
+            moves_only = _groups_only_moving_fp32_data(graph, candidates, find)
+            seeded |= {find(n) for n in candidates
+                       if graph.ops[n].canonical not in _CONSTANTS and find(n) not in moves_only}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]
@@ -133,12 +138,24 @@ class PropagatePass(Pass):
             else:
                 op.precision = op.source_dtype
                 op.reason = f"{op.op_class}: {NOT_CONNECTED}"
+                if find(name) in moves_only:
+                    op.reason += f"; {MOVES_ONLY}"
                 if op.source_dtype != FLOAT32:
                     op.reason += f"; keeps its source dtype {op.source_dtype}"
         details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
         if unscaled:
             details += f", {len(unscaled)} after unscale markers"
         return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
+
+
+def _groups_only_moving_fp32_data(graph: PrecisionGraph, candidates: list[str], find) -> set[str]:
+    """Roots of the groups of clear ops (data movement: reshape, transpose, an aliasing detach) that
+    read no graph input: they sit between FP32 ops, compute nothing, and in the low dtype would only
+    round what they carry (a training step's returned loss to 8 bits under BF16)."""
+    computing = {find(n) for n in candidates if graph.ops[n].op_class != CLEAR}
+    inputs = set(graph.inputs)
+    reads_input = {find(n) for n in candidates if any(i in inputs for i in graph.ops[n].inputs if i)}
+    return {find(n) for n in candidates} - computing - reads_input
 
 
 def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanContext) -> dict[str, tuple[str, str]]:

@@ -399,3 +399,23 @@ def test_a_bias_with_entries_below_fp16s_subnormal_keeps_its_gemm_low(name):
         default = compile_training(model, F.cross_entropy, OPTIMIZERS[name](model.parameters()), _batch())
     reasons = [o["reason"] for o in default.report.data["ops"] if o["canonical"] == "gemm"]
     assert reasons and not any("subnormal" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_returned_loss_is_not_rounded_to_the_low_dtype_under_any_planner(dtype):
+    """The loss leaves the step through a detach, a clear op between the FP32 loss and the output:
+    even ``planner="all"`` must not run it low (it returned BF16-rounded losses, 2.328125 for
+    2.3234). The FP32 eager loss on the same parameters is the reference."""
+    x, y = _batch()
+    for planner in ("optimal", "all"):
+        model = _mlp()
+        reference = F.cross_entropy(model(x), y).item()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x, y),
+                                    dtype=dtype, planner=planner)
+        loss = step(x, y).item()
+        assert loss != torch.tensor(loss).to(dtype).item() or loss == reference, (planner, loss)
+        assert abs(loss - reference) < 2e-2 * abs(reference), (planner, loss, reference)
+        if planner == "all":
+            assert step.report.summary["fp16_nodes"] > 0  # the GEMMs did run low
