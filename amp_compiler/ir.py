@@ -201,6 +201,23 @@ class PrecisionGraph:
         for op in new_ops:
             self._link(op)
 
+    def replace_ops(self, drop: set[str], replacements: dict[str, list[Op]]) -> None:
+        """Remove the ops in ``drop`` and put each list of ``replacements`` where its key op stood
+        (the key op among them); one rebuild of the op order."""
+        order = list(self.ops)
+        for name in drop:
+            self.remove_op(name)
+        ops: dict[str, Op] = {}
+        for name in order:
+            for op in replacements.get(name, ()):
+                ops[op.name] = op
+            if name in self.ops and name not in replacements:
+                ops[name] = self.ops[name]
+        self.ops = ops
+        for new_ops in replacements.values():
+            for op in new_ops:
+                self._link(op)
+
     def _link(self, op: Op) -> None:
         for port, name in enumerate(op.inputs):
             if name:

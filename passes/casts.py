@@ -128,7 +128,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
         if t.is_graph_output and (ctx.keep_io_types or t.scope_output) and t.dtype != source_dtype and t.producer:
             # the output keeps its name and dtype: the producer writes a renamed tensor, a cast the output
             inner = _rename(graph, t, graph.fresh_name(f"{t.name}_{short(t.dtype)}"))
-            out_cast = _make_cast(graph, inner, source_dtype, out_name=t.name)[1]
+            out_cast = make_cast(graph, inner, source_dtype, out_name=t.name)[1]
             new_ops.setdefault(_anchor(graph, inner), []).append(out_cast)
             inserted += 1
             t = inner
@@ -140,7 +140,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
                 new = _fold_constant(graph, t, dtype)
                 folded += 1
             else:
-                new, cast = _make_cast(graph, t, dtype)
+                new, cast = make_cast(graph, t, dtype)
                 new_ops.setdefault(_anchor(graph, t), []).append(cast)
                 inserted += 1
             for cname, port in ports:
@@ -166,7 +166,9 @@ def _fold_constant(graph: PrecisionGraph, t: Tensor, dtype: str) -> Tensor:
     return graph.add_tensor(Tensor(name, dtype, t.shape, CONSTANT, scope=t.scope, folded_from=t.name))
 
 
-def _make_cast(graph: PrecisionGraph, t: Tensor, dtype: str, out_name: str | None = None) -> tuple[Tensor, Op]:
+def make_cast(graph: PrecisionGraph, t: Tensor, dtype: str, out_name: str | None = None) -> tuple[Tensor, Op]:
+    """An inserted Cast of ``t`` to ``dtype`` (not yet in the graph) and the tensor it writes: a new one,
+    or the existing ``out_name`` retyped."""
     if out_name is not None:  # an existing (graph output) tensor that the cast now writes
         out = graph.tensors[out_name]
         out.dtype = dtype
@@ -291,4 +293,4 @@ def _drop_dead_casts(graph: PrecisionGraph, outputs: set[str], cast_names: list[
     return dropped
 
 
-__all__ = ["CastPass"]
+__all__ = ["CastPass", "make_cast"]

@@ -120,3 +120,28 @@ def test_the_ruler_prices_the_emitted_div_form_as_the_plan_priced_the_rsqrt_form
     assert not OpTimer(graph, make_context(runtime="eager")).groups.norms
     fp32 = analyze_model(_rms_stack()).predicted_time_s
     assert fp32 > report.summary["predicted_time_fp32_s"]  # 7 kernels a norm as written, 1 once rewritten
+
+
+@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_the_report_describes_the_file_as_written(objective):
+    """The rewrite is made on the IR, so the report lists exactly the written nodes: the Div
+    under the norm's name and its Cast, no Reciprocal or casts the rewrite removed, and every
+    float op in the dtype the file declares for its inputs."""
+    src = _rms_stack()
+    out, report = convert_onnx(_copy(src), objective=objective)
+    written = {n.name: n for n in out.graph.node}
+    reported = {op["name"]: op for op in report.to_dict()["ops"]}
+    casts = {c["name"]: c for c in report.to_dict()["casts"] if c["inserted"]}
+    assert set(written) == set(reported) | set(casts)
+    assert all(written[name].op_type == op["op_type"] for name, op in reported.items())
+    assert all(written[name].op_type == "Cast" and helper.get_attribute_value(written[name].attribute[0])
+               == onnx.helper.np_dtype_to_tensor_dtype(np.dtype(c["to"])) for name, c in casts.items())
+    assert [op["op_type"] for name, op in reported.items() if name.endswith("_norm")] == ["Div"] * 3
+    inferred = onnx.shape_inference.infer_shapes(out).graph
+    dtype = {v.name: v.type.tensor_type.elem_type for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    dtype.update({i.name: i.data_type for i in inferred.initializer})
+    float_types = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+    for name, op in reported.items():
+        declared = {float_types[dtype[i]] for i in written[name].input if dtype.get(i) in float_types}
+        if declared and op["op_type"] not in ("Identity",):
+            assert declared == {op["precision"]}, (name, declared, op["precision"])

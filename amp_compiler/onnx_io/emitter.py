@@ -21,7 +21,7 @@ from .files import defer_cast
 from .importer import OnnxImport
 from .order import replace_nodes
 from .ort_fusions import castlike_casts
-from .rms_norm_form import div_forms, div_nodes, drop_value_info
+from . import rms_norm_form
 from .stream import PendingCast
 
 if TYPE_CHECKING:
@@ -40,19 +40,18 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
     scopes: dict[str, list[NodeProto]] = {scope: [] for scope in imp.graphs}
     castlike = castlike_casts(graph)
     likes: dict[tuple[str, str], str] = {}  # (scope, dtype) -> scalar initializer CastLike reads
-    forms = div_forms(graph, result.timer)  # RMSNorms in the form ONNX Runtime fuses
-    dropped = {d for form in forms.values() for d in form.drop}
+    # RMSNorms in the form ONNX Runtime fuses, rewritten on the IR: the report built from it describes this file
+    gone = rms_norm_form.rewrite(graph, rms_norm_form.div_forms(graph, result.timer))
     for name, op in graph.ops.items():
         node = imp.nodes.get(name)
-        if name in dropped:
-            scopes[op.scope].extend(div_nodes(graph, forms[name]) if name in forms else ())
-            continue
         if node is None and name in castlike:  # ONNX Runtime's LayerNorm fusion would absorb a Cast
             like = likes.setdefault((op.scope, op.attrs["to"]), graph.fresh_name(f"castlike_{op.attrs['to']}"))
             node = helper.make_node("CastLike", [op.inputs[0], like], op.outputs, name=name)
         elif node is None:  # inserted by a pass
             node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
         else:
+            if node.op_type != op.op_type:  # an RMSNorm's Mul(x, 1/s) written as Div(x, s)
+                node.op_type = op.op_type
             if list(node.input) != op.inputs:
                 del node.input[:]
                 node.input.extend(op.inputs)
@@ -72,7 +71,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
         _write_initializers(imp, g, scope)
         g.initializer.extend(_scalar(like, dtype) for (s, dtype), like in likes.items() if s == scope)
         _update_types(graph, g, scope, original)
-        drop_value_info(graph, g, forms)
+        rms_norm_form.drop_value_info(g, gone)
     return model
 
 

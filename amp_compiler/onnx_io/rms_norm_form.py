@@ -15,19 +15,23 @@ what the Pow reads (x or the plan's cast of it), in the eps chain's dtype; then 
 the dtype the scale Mul reads where that differs. The plan's casts of r or s, of x for the
 normalising op alone, and of its output go (a Div form the plan left as ORT fuses it stays).
 ``x * (1 / s)`` and ``x / s`` agree up to rounding, and the Div runs in the chain's (wider)
-dtype. See docs/architecture.md, "ONNX emitter".
+dtype. The rewrite is made on the IR (``rewrite``) before the nodes are written, so the report
+and the annotations, built from the IR, describe the file as written. See docs/architecture.md,
+"ONNX emitter".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from onnx import GraphProto, NodeProto, helper
+from onnx import GraphProto
 
-from ..ir import Op, PrecisionGraph
-from .dtypes import dtype_to_onnx
+from passes.casts import make_cast
 
-__all__ = ["DivForm", "div_forms", "div_nodes", "drop_value_info"]
+from ..dtypes import short
+from ..ir import Op, PrecisionGraph, Tensor
+
+__all__ = ["DivForm", "div_forms", "drop_value_info", "rewrite"]
 
 
 @dataclass(frozen=True)
@@ -88,19 +92,37 @@ def _match(graph: PrecisionGraph, norm) -> DivForm | None:
     return DivForm(x, s, y, cast_to, op.name, frozenset(drop))
 
 
-def div_nodes(graph: PrecisionGraph, form: DivForm) -> list[NodeProto]:
-    """The nodes that replace ``form.drop``: the Div, and the Cast to the Mul's dtype if any."""
-    if form.cast_to is None:
-        return [helper.make_node("Div", [form.x, form.sqrt], [form.out], name=graph.fresh_name(f"{form.mul}_div"))]
-    n = graph.fresh_name(f"{form.out}_div")
-    return [helper.make_node("Div", [form.x, form.sqrt], [n], name=graph.fresh_name(f"{form.mul}_div")),
-            helper.make_node("Cast", [n], [form.out], name=graph.fresh_name(f"{form.mul}_cast"),
-                             to=dtype_to_onnx(form.cast_to))]
+def rewrite(graph: PrecisionGraph, forms: dict[str, DivForm]) -> set[str]:
+    """Apply ``forms`` to ``graph`` in one rebuild: each normalising op becomes ``Div(x', s)`` under
+    its own name, in the chain's dtype (then an inserted Cast to the scale Mul's dtype where that
+    differs); the other ops of ``form.drop`` go. Returns the names of the values no op produces any
+    more (their ``value_info`` is stale)."""
+    if not forms:
+        return set()
+    dropped = {d for form in forms.values() for d in form.drop}
+    before = {o for d in dropped for o in graph.ops[d].outputs if o}
+    replacements: dict[str, list[Op]] = {}
+    for name, form in forms.items():
+        op = graph.ops[name]
+        chain = graph.tensors[form.x].dtype
+        div = replace(op, op_type="Div", canonical="div", inputs=[form.x, form.sqrt], precision=chain,
+                      input_roles=list(op.input_roles[:2]), output_roles=list(op.output_roles[:1]),
+                      reason=f"{op.reason}; written as Div(x, sqrt(mean(x^2) + eps)) in {short(chain)}, the "
+                             f"form ONNX Runtime fuses into one RMSNorm kernel (FP32 inside)")
+        replacements[name] = [div]
+        if form.cast_to is None:
+            div.outputs = [form.out]
+            continue
+        inner = graph.add_tensor(Tensor(graph.fresh_name(f"{form.out}_div"), chain, graph.tensors[form.out].shape,
+                                        scope=op.scope))
+        div.outputs = [inner.name]
+        replacements[name].append(make_cast(graph, inner, form.cast_to, out_name=form.out)[1])
+    graph.replace_ops(dropped, replacements)
+    return {o for o in before if graph.tensors[o].producer is None}
 
 
-def drop_value_info(graph: PrecisionGraph, g: GraphProto, forms: dict[str, DivForm]) -> None:
+def drop_value_info(g: GraphProto, gone: set[str]) -> None:
     """Forget the types of the values the rewrites no longer produce (r and its casts)."""
-    gone = {o for f in forms.values() for d in f.drop for o in graph.ops[d].outputs} - {f.out for f in forms.values()}
     for vi in [vi for vi in g.value_info if vi.name in gone]:
         g.value_info.remove(vi)
 
