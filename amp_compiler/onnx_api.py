@@ -20,7 +20,7 @@ from .input_gen import waveform_dims
 from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules, walk_nodes
 from .onnx_io.common_subexpressions import merge_duplicates
 from .onnx_io.emitter import emit
-from .onnx_io.files import has_external, load_model, materialize, save_model
+from .onnx_io.files import has_external, load_model_files, materialize, save_model
 from .onnx_io.importer import import_model
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
@@ -111,10 +111,11 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
             model = ModelProto()
             model.CopyFrom(model_or_path)
         source = source or model.graph.name or "model"
+        read_from = []  # lazily loaded external data is protected by save_model itself
     else:
         base_dir = Path(model_or_path).resolve().parent
         source = source or str(model_or_path)
-        model = load_model(model_or_path)
+        model, read_from = load_model_files(model_or_path)
     ctx.earlier_fp32 = earlier_fp32(model)  # a model this tool converted before: its FP32 decisions hold
     if progress:
         progress("import")
@@ -161,7 +162,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
               "merges them at load")
     if annotate:
         annotate_model(converted, report, nodes)
-    return ConvertedModel(converted, report, base_dir, imp.pending)
+    return ConvertedModel(converted, report, base_dir, imp.pending, read_from)
 
 
 def _check_dim_names(graph, dim_values: dict[str, int] | None, source: str) -> None:
@@ -214,8 +215,9 @@ class ConvertedModel:
     """
 
     def __init__(self, proto: ModelProto, report: Report, base_dir: str | os.PathLike | None = None,
-                 pending: list | None = None) -> None:
+                 pending: list | None = None, read_from: Iterable[str | os.PathLike] = ()) -> None:
         self._proto, self.report = proto, report
+        self._read_from = list(read_from)  # the source file and its data: never saved over
         self._pending = pending if pending is not None else []  # weights cast while saving (onnx_io/stream.py)
         self._base_dir = str(base_dir) if base_dir is not None else None
 
@@ -229,8 +231,10 @@ class ConvertedModel:
         return self._proto
 
     def save(self, path: str | os.PathLike, *, external: bool | None = None, protect=(), staging=None) -> Path:
-        """Write the model to ``path`` (and ``path.data`` when it has external data); see ``files.save_model``."""
-        return save_model(self._proto, path, external=external, base_dir=self._base_dir, protect=protect,
+        """Write the model to ``path`` (and ``path.data`` when it has external data); see ``files.save_model``.
+        Refuses (``ConversionError``) a path, or a data file, that is the source model or its data."""
+        return save_model(self._proto, path, external=external, base_dir=self._base_dir,
+                          protect=[*self._read_from, *protect],
                           staging=staging, pending=self._pending)
 
     def __iter__(self):

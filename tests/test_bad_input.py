@@ -507,6 +507,22 @@ def test_output_whose_data_file_is_an_input_data_file_is_refused(tmp_path, capsy
                                 "choose another path", out=out)
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_the_api_refuses_to_save_over_the_source_model_or_its_data(tmp_path, external):
+    """``convert_onnx(path).save(...)`` had none of the CLI's guards: saving onto the source file,
+    or onto the source's external data file, destroyed the model it was converted from."""
+    from amp_compiler import convert_onnx
+
+    inp = save_external(mlp(), tmp_path / "model.onnx") if external else save(mlp(), tmp_path / "model.onnx")
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    result = convert_onnx(inp)
+    for target in before:
+        with pytest.raises(ConversionError, match=f"the output {target} is a file the model reads from"):
+            result.save(tmp_path / target)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+    assert result.save(tmp_path / "out.onnx").exists()
+
+
 def test_output_folder_that_does_not_exist_is_refused(tmp_path, capsys):
     inp = save(mlp(), tmp_path / "model.onnx")
     out = tmp_path / "no" / "such" / "out.onnx"

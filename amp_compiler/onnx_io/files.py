@@ -30,12 +30,18 @@ from .wire import scan_model_fields
 
 __all__ = ["CAST_FROM_KEY", "DEFAULT_EXTERNAL_THRESHOLD", "EXTERNAL_THRESHOLD_ENV", "INLINE_BYTES", "TWO_GB",
            "check_output_path", "defer_cast", "external_data_name", "external_threshold", "has_deferred", "has_external",
-           "input_files", "is_external", "iter_chunks", "iter_tensors", "load_model", "materialize",
+           "input_files", "is_external", "iter_chunks", "iter_tensors", "load_model", "load_model_files", "materialize",
            "resolve_external_data", "save_model", "skeleton_copy", "tensor_nbytes"]
 
 
 def load_model(path: str | os.PathLike, *, external_data: str = "load") -> ModelProto:
     """Load an ONNX file; every failure is a ``ConversionError`` naming the file and the reason.
+    See ``load_model_files``."""
+    return load_model_files(path, external_data=external_data)[0]
+
+
+def load_model_files(path: str | os.PathLike, *, external_data: str = "load") -> tuple[ModelProto, list[Path]]:
+    """Load an ONNX file, and name the files it was read from: the file, then its external data.
 
     ``external_data``: ``"load"`` reads external tensors into the model; ``"lazy"``
     checks them and leaves those of ``INLINE_BYTES`` or more in their files (read
@@ -66,5 +72,5 @@ def load_model(path: str | os.PathLike, *, external_data: str = "load") -> Model
         raise ConversionError(name, "", f"cannot read the file: {exc.strerror or exc}") from None
     if not model.opset_import:
         raise ConversionError(name, "", "not a valid ONNX model: it has no opset_import")
-    resolve_external_data(model, path.resolve().parent, source=name, load_all=external_data == "load")
-    return model
+    data = resolve_external_data(model, path.resolve().parent, source=name, load_all=external_data == "load")
+    return model, [path.resolve(), *sorted(data)]

@@ -47,19 +47,23 @@ DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_dat
 
 
 def resolve_external_data(model: ModelProto, base_dir: str | os.PathLike, *, source: str = "model",
-                          load_all: bool = False) -> None:
+                          load_all: bool = False) -> set[Path]:
     """Check every external-data reference; read small tensors (all with ``load_all``) into the model.
 
-    A location outside ``base_dir`` is refused before any file is opened.
+    A location outside ``base_dir`` is refused before any file is opened. Returns the files
+    the references point to.
     """
     base = Path(base_dir).resolve()
+    files: set[Path] = set()
     for tensor in iter_tensors(model):
         if not is_external(tensor):
             continue
         where = f"tensor {tensor.name!r}"
         target, offset, length = external_range(tensor, base, source)
+        files.add(target)
         if load_all or length < INLINE_BYTES:
             read_inline(tensor, target, offset, length, source, where)
+    return files
 
 
 def external_range(tensor: TensorProto, base: Path, source: str) -> tuple[Path, int, int]:
