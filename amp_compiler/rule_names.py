@@ -8,8 +8,9 @@ import (``onnx_api.convert_onnx``):
 * a node name or pattern matching no node is an error naming the option, the value and the
   closest node names;
 * an op type no node of the model has is an error when neither ONNX nor the registry knows it
-  (a typo: the closest known names are offered), else a warning that the option changes nothing
-  in this model (one command line is often reused across models).
+  (a typo: the closest names in the model are offered, else the closest ONNX or registry
+  names), else a warning that the option changes nothing in this model (one command line is
+  often reused across models).
 
 docs/architecture.md, "Input handling".
 """
@@ -53,8 +54,9 @@ def check_rule_names(graph: PrecisionGraph, source: str, registry: Registry, *, 
             if op_type in types:
                 continue
             if not _known(op_type, registry):
+                near = _closest(op_type, sorted(types)) or _closest(op_type, _known_types(registry))
                 raise ConversionError(source, f"{option} {op_type}", f"no op type {op_type!r} in ONNX or the "
-                                                                     f"registry{_closest(op_type, sorted(types))}")
+                                                                     f"registry{near}")
             warnings.warn(f"{source}: {option} {op_type}: the model has no {op_type} op; the option changes nothing",
                           stacklevel=4)  # the caller of convert_onnx (through gc_paused)
 
@@ -67,6 +69,13 @@ def _known(op_type: str, registry: Registry) -> bool:
     if registry.lookup_onnx(domain, name) is not None:
         return True
     return not domain and onnx.defs.has(name)
+
+
+def _known_types(registry: Registry) -> list[str]:
+    """Every ONNX op type and registry op, for a typo of an op the model does not hold."""
+    onnx_types = {schema.name for schema in onnx.defs.get_all_schemas() if schema.domain in ("", "ai.onnx")}
+    registry_types = {f"{d}::{t}" if d else t for d, t in registry.by_onnx} | set(registry.by_canonical)
+    return sorted(onnx_types | registry_types)
 
 
 def _closest(value: str, candidates: list[str]) -> str:

@@ -27,6 +27,10 @@ def _attention_head() -> onnx.ModelProto:
 @pytest.mark.parametrize("option, value, says", [
     ("--deny", "Softmx", "--deny Softmx: no op type 'Softmx' in ONNX or the registry; closest: 'Softmax'"),
     ("--force-op", "Gelux", "--force-op Gelux: no op type 'Gelux' in ONNX or the registry"),
+    # a typo of an op the model does not hold: the closest ONNX names (there had been none)
+    ("--deny", "LayerNormalisation", "no op type 'LayerNormalisation' in ONNX or the registry; closest: "
+                                     "'LayerNormalization'"),
+    ("--allow", "Einsm", "--allow Einsm: no op type 'Einsm' in ONNX or the registry; closest: 'Einsum'"),
     ("--deny-node", "/attn/query/MatMull", "no node is named '/attn/query/MatMull'; closest: '/attn/query/MatMul'"),
     ("--exclude-nodes", "query", "--exclude-nodes 'query': matches no node name (a pattern matches the start"),
     ("--include-nodes", "/mlp/.*", "--include-nodes '/mlp/.*': matches no node name"),
