@@ -317,7 +317,7 @@ def _drawn_inputs_hint(args, exc: ConversionError) -> str:
     """When the FP32 model itself fails on inputs we drew, the sizes we guessed for its symbolic
     dims are the likely cause (an export specialised to batch 1, a waveform too short): say them."""
     shapes = getattr(args, "drawn_shapes", None)
-    if not shapes or "FP32 model" not in exc.source or exc.reason.startswith("cannot load"):
+    if not shapes or "FP32 model" not in f"{exc.source}: {exc.where}" or exc.reason.startswith("cannot load"):
         return ""
     drawn = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
     return (f" (on inputs drawn as {drawn}: size the symbolic dims with --dim NAME=SIZE, "
@@ -343,7 +343,8 @@ def _validate(args, original, converted, staged, report, feeds) -> int:
     if staged is not None and args.runtime == "ort":
         result = validate(str(args.input), str(staged), feeds, args.tolerance, low=_low(args))
     else:
-        result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args), low=_low(args))
+        result = validate(original, converted.model, feeds, args.tolerance, runner=_runner(args), low=_low(args),
+                          source=str(args.input))
     report.data["validation"] = result
     if result.get("emulation") and not args.quiet:
         print(f"  {result['emulation']}", file=sys.stderr)

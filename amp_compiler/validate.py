@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -240,14 +241,25 @@ BF16_EMULATION = ("bfloat16 emulated on ONNX Runtime's CPU provider (it has no B
                   "FP32 and every value stored in BF16 is rounded to BF16, as on a GPU")
 
 
+#: the label of the source model's runs
+_FP32 = "the FP32 model"
+#: initializer names of position tables (BERT's position_embeddings, GPT-2's wpe, Whisper's embed_positions)
+_POSITION_TABLE = re.compile(r"position|pos_?emb|wpe", re.IGNORECASE)
+#: ONNX Runtime's error code prefix, and the C++ source line and check of an ORT_ENFORCE failure
+_ORT_NOISE = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : |\S+\.(?:h|cc|cpp):\d+ .*? was false\. ")
+
+
 def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dict[str, np.ndarray],
-             tolerance: float = 1e-2, runner=run_model, low: str | None = None) -> dict[str, Any]:
+             tolerance: float = 1e-2, runner=run_model, low: str | None = None,
+             source: str | None = None) -> dict[str, Any]:
     """Run both models on ``feeds``; the result goes into the report's ``validation`` section.
 
     ``runner`` is ``run_model`` (ONNX Runtime, which also takes file paths) or ``run_reference``;
     ``low``: the plan's low dtype (``compare_outputs``' notes). A one-element boolean graph input
     that is an ``If`` condition (a merged decoder's ``use_cache_branch``) is run both ways, each
-    output named with it: one drawn value had validated one branch.
+    output named with it: one drawn value had validated one branch. Where ONNX Runtime fails to run
+    the FP32 model on ``feeds``, the error names ``source`` (default: ``original``'s path) and says
+    the source model rejects these inputs (``_source_rejects``).
     """
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
@@ -256,14 +268,20 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     converted_runner = functools.partial(run_model, bf16_file=True) if emulated else runner
     outputs, overflows = [], []
     for label, variant in branch_feeds(graph, feeds):
-        if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
-            (fp32, fp32_runner), (low_model, low_runner) = probed
-            expected, actual, rows = probed_runs(fp32, low_model, variant, _as_declared(low_model, variant),
-                                                 fp32_runner, low_runner)
-            overflows += [{**row, "name": row["name"] + label} for row in rows]
-        else:
-            expected = runner(original, variant, label="the FP32 model")
-            actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
+        try:
+            if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
+                (fp32, fp32_runner), (low_model, low_runner) = probed
+                expected, actual, rows = probed_runs(fp32, low_model, variant, _as_declared(low_model, variant),
+                                                     fp32_runner, low_runner)
+                overflows += [{**row, "name": row["name"] + label} for row in rows]
+            else:
+                expected = runner(original, variant, label=_FP32)
+                actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
+        except ConversionError as exc:
+            if exc.source != _FP32 or exc.where != "ONNX Runtime" or exc.reason.startswith("cannot load"):
+                raise
+            raise _source_rejects(exc, graph, variant, source or (original if isinstance(original, str) else "")
+                                  ) from None
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
     if probed is not None and runner is run_model:
@@ -276,6 +294,52 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     if emulated:
         result["emulation"] = BF16_EMULATION
     return result
+
+
+def _source_rejects(exc: ConversionError, graph: ModelProto, feeds: dict[str, np.ndarray],
+                    source: str) -> ConversionError:
+    """The error for ONNX Runtime failing to run the FP32 model on the validation inputs: the sizes
+    its symbolic dims got, that the source model itself rejects them (not the conversion), a
+    position table shorter than the sequence where one is, and ORT's message without its noise.
+    ``--dim sequence=512`` on a BERT with 128 positions had read as a broadcast error from deep in
+    ONNX Runtime (docs/architecture.md, "Validation inputs")."""
+    sizes = _dim_sizes(graph, feeds)
+    used = ", ".join(f"{dim}={size}" for dim, size in sizes.items()) or ", ".join(
+        f"{name} {list(np.shape(value))}" for name, value in feeds.items())
+    table = _short_position_table(graph, sizes)
+    return ConversionError(source, _FP32, f"ONNX Runtime fails running it on the validation inputs ({used}): the "
+                                          f"source model itself rejects these inputs, not a conversion problem"
+                                          f"{'; ' + table if table else ''}; ONNX Runtime: "
+                                          f"{_ORT_NOISE.sub('', exc.reason)}")
+
+
+def _dim_sizes(graph: ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+    """The size ``feeds`` give each symbolic dim of ``graph``'s inputs (``batch``, ``sequence``)."""
+    sizes: dict[str, int] = {}
+    for vi in graph.graph.input:
+        if vi.name in feeds:
+            for dim, size in zip(vi.type.tensor_type.shape.dim, np.shape(feeds[vi.name])):
+                if dim.dim_param:
+                    sizes.setdefault(dim.dim_param, int(size))
+    return sizes
+
+
+def _short_position_table(graph: ModelProto, sizes: dict[str, int]) -> str:
+    """Where a Gather reads a position table with fewer rows than a symbolic dim past an input's
+    first (its sequence) is sized: which, and the largest size that fits; else ""."""
+    later = {d.dim_param for vi in graph.graph.input for d in vi.type.tensor_type.shape.dim[1:] if d.dim_param}
+    rows = {t.name: t.dims[0] for t in graph.graph.initializer if len(t.dims) == 2 and _POSITION_TABLE.search(t.name)}
+    for node in graph.graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type != "Gather" or axis != 0 or not node.input or node.input[0] not in rows:
+            continue
+        n = rows[node.input[0]]
+        over = sorted((d for d in later if sizes.get(d, 0) > n), key=sizes.get)
+        if over:
+            dim = over[-1]
+            return (f"Gather {node.name or node.input[0]!r} reads a position table of {n} rows "
+                    f"({node.input[0]!r}) while {dim} is {sizes[dim]}: pass --dim {dim}={n} or less")
+    return ""
 
 
 def _probed_pair(original: ModelProto | str, converted: ModelProto | str, runner):

@@ -391,6 +391,69 @@ def test_validation_above_tolerance_writes_the_reports_but_not_the_model(tmp_pat
     assert json.loads(report.read_text())["validation"]["passed"] is False
 
 
+
+def _positions(rows: int) -> onnx.ModelProto:
+    """A BERT's embeddings in small: token ids ``[batch, sequence]``, a position table of ``rows`` rows
+    read through a slice of a position buffer as long as the table, as transformers export it."""
+    mk = helper.make_node
+    nodes = [mk("Gather", ["words.weight", "input_ids"], ["tok"], name="word_embeddings"),
+             mk("Shape", ["input_ids"], ["shape"], name="shape"),
+             mk("Gather", ["shape", "one"], ["seq"], name="seq_len", axis=0),
+             mk("Slice", ["position_ids", "zero", "seq", "zero"], ["pos_ids"], name="slice"),
+             mk("Gather", ["embeddings.position_embeddings.weight", "pos_ids"], ["pos"], name="position_gather"),
+             mk("Add", ["tok", "pos"], ["emb"], name="add_positions"),
+             mk("MatMul", ["emb", "w"], ["y"], name="proj")]
+    inits = [weight("words.weight", 50, 16), weight("embeddings.position_embeddings.weight", rows, 16, seed=1),
+             weight("w", 16, 16, seed=2), nh.from_array(np.arange(rows, dtype=np.int64), "position_ids"),
+             nh.from_array(np.array([0], np.int64), "zero"), nh.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TP.INT64, ["batch", "sequence"])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, ["batch", "sequence", 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])  # the overflow check's exposed runs, and the plain ones
+def test_a_dim_past_the_position_table_is_said_to_be_refused_by_the_source_model(tmp_path, capsys, dtype):
+    """``--validate --dim sequence=512`` on a BERT with 128 positions printed ONNX Runtime's broadcast
+    error from deep inside ("... element_wise_ops.h:583 ... 128 by 512"), naming no file: the line now
+    says the source model itself rejects these inputs, with which dims, and which table is too short."""
+    inp = save(_positions(rows=8), tmp_path / "model.onnx")
+    args = [inp, "-o", tmp_path / "out.onnx", "--validate", "--dtype", dtype, "--dim", "batch=2", "--report",
+            tmp_path / "r.json", "-q"]
+    status, err = run_cli([*args, "--dim", "sequence=12"], capsys)
+    _assert_nothing_published(status, err, tmp_path, "the source model itself rejects these inputs")
+    said, ort_says = err[0].split("; ONNX Runtime: ", 1)
+    assert said == (f"amp-compile: error: {inp}: the FP32 model: ONNX Runtime fails running it on the validation "
+                    "inputs (batch=2, sequence=12): the source model itself rejects these inputs, not a conversion "
+                    "problem; Gather 'position_gather' reads a position table of 8 rows "
+                    "('embeddings.position_embeddings.weight') while sequence is 12: pass --dim sequence=8 or less")
+    assert "'add_positions'" in ort_says and "8 by 12" in ort_says, ort_says
+    assert "[ONNXRuntimeError]" not in ort_says and ".h:" not in ort_says  # ORT's code and C++ source line
+    assert ort_says.endswith("(on inputs drawn as input_ids [2, 12]: size the symbolic dims with --dim NAME=SIZE, "
+                             "or pass --inputs FILE.npz)")
+    assert run_cli([*args, "--dim", "sequence=8"], capsys)[0] == 0
+    assert run_cli([inp, "--dry-run", "--dim", "sequence=12", "-q"], capsys) == (0, [])  # it only plans
+
+
+def test_a_source_model_failing_on_the_inputs_without_a_position_table_says_the_dims(tmp_path):
+    """No table to blame (two inputs whose ``sequence`` dims the graph requires to differ): the
+    error still says the source model rejects the inputs, with the sizes, in ``validate``'s words."""
+    from amp_compiler.validate import validate
+
+    mk = helper.make_node
+    graph = helper.make_graph([mk("Sub", ["a", "b"], ["d"], name="sub"), mk("MatMul", ["d", "w"], ["y"], name="mm")],
+                              "g", [helper.make_tensor_value_info(n, TP.FLOAT, ["batch", s, 16])
+                                    for n, s in (("a", "sequence"), ("b", "steps"))],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, ["batch", "sequence", 16])],
+                              [weight("w", 16, 16)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"a": np.ones((2, 3, 16), np.float32), "b": np.ones((2, 5, 16), np.float32)}
+    with pytest.raises(ConversionError) as caught:
+        validate(m, m, feeds, source="model.onnx")
+    said, ort_says = str(caught.value).split("; ONNX Runtime: ", 1)
+    assert said == ("model.onnx: the FP32 model: ONNX Runtime fails running it on the validation inputs (batch=2, "
+                    "sequence=3, steps=5): the source model itself rejects these inputs, not a conversion problem")
+    assert "'sub'" in ort_says and "3 by 5" in ort_says and "[ONNXRuntimeError]" not in ort_says
+
 def test_published_files_get_the_mode_a_plain_open_gives(tmp_path, capsys):
     """One writer for model, external data and reports: 0666 less the umask, like open()."""
     inp = save(mlp(), tmp_path / "m" / "model.onnx")

@@ -151,3 +151,45 @@ def test_bf16_loop_carried_values_run_rounded_each_iteration():
     for _ in range(5):
         want = _bf16(want * k)
     np.testing.assert_array_equal(run_model(m, {"x": x})[0], want)
+
+
+def test_a_node_named_like_a_value_validates_in_bf16(tmp_path):
+    """Exporters name nodes like their outputs (MatMul ``h`` writing ``h``): the emulation's Casts
+    were named after the values they write, and ONNX Runtime refused the copy ("two nodes with same
+    node name (h)"), failing every ``--dtype bf16 --validate`` of such a model."""
+    mk = helper.make_node
+    m = model([mk("MatMul", ["x", "w0"], ["h"], name="h"), mk("MatMul", ["h", "w1"], ["y"], name="y")],
+              [fin("x", 64, 256)], [fin("y", 64, 256)], [weight("w0", 256, 256), weight("w1", 256, 256)])
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    assert main([str(src), "-o", str(out), "--dtype", "bf16", "--validate", "--report", str(rep), "-q"]) == 0
+    assert declares_bf16(str(out))
+    validation = json.loads(rep.read_text())["validation"]
+    assert validation["passed"] and "emulated" in validation["emulation"]
+    onnx.checker.check_model(str(out), full_check=True)
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    ref = run_model(m, {"x": x})[0]
+    got = run_model(str(out), {"x": x}, bf16_file=True)[0]  # ONNX Runtime loads and runs the written file
+    assert 0 < np.abs(got - ref).max() < 1e-2 * np.abs(ref).max()
+
+
+def test_the_emulation_names_nothing_the_model_already_names():
+    """Node and value names equal to the ones the rewrite would make, in the main graph and in an
+    ``If`` branch: each name it adds is new (a clash had defined a value twice or named two nodes alike)."""
+    mk = helper.make_node
+    tag = "__amp_bf16emu"
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([mk("Add", ["h", "h"], [f"{name}_out"], name=f"{name}_out_cast")], name, [],
+                                 [fin(f"{name}_out", 2, 3, dtype=BF16)])
+
+    m = model([mk("Cast", ["x"], ["h"], to=BF16, name=f"h{tag}_f32_cast"),
+               mk("Identity", ["x"], [f"h{tag}_f32"], name="h"),
+               mk("If", ["c"], ["z"], then_branch=branch("then"), else_branch=branch("else"), name=f"z{tag}_f32"),
+               mk("Cast", ["z"], ["y"], to=TensorProto.FLOAT, name="y_cast")],
+              [fin("x", 2, 3), fin("c", dtype=TensorProto.BOOL)], [fin("y", 2, 3), fin(f"h{tag}_f32", 2, 3)],
+              value_info=[fin("h", 2, 3, dtype=BF16), fin("z", 2, 3, dtype=BF16)])
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    y, passed_through = run_model(m, {"x": x, "c": np.array(True)})
+    np.testing.assert_array_equal(y, _bf16(_bf16(x) * 2))
+    np.testing.assert_array_equal(passed_through, x)

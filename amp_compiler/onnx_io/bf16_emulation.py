@@ -9,6 +9,10 @@ rounded back to BF16 on store (FP32 accumulation, as tensor-core kernels do). Gr
 declared BF16 become FP32 inputs rounded on entry, graph outputs FP32 views, so feeds and
 results are plain numpy arrays. Subgraphs (``If``/``Loop``/``Scan`` bodies) are rewritten
 the same way; a ``Loop``/``Scan`` hands its BF16 carried values to its body as they are.
+Each node or value name the rewrite adds is new to the model, against its node and value names
+in every graph: its Casts had been named after the value they write, so a node named like its
+output (``t0`` writing ``t0``, as some exporters do) had ONNX Runtime refuse the copy ("two
+nodes with same node name").
 See docs/architecture.md, "Validation".
 """
 
@@ -78,13 +82,28 @@ def emulate_bf16(model: ModelProto, bf16: set[str]) -> ModelProto:
     changed."""
     out = ModelProto()
     out.CopyFrom(model)
-    _Rewrite(bf16).graph(out.graph, main=True)
+    _Rewrite(bf16, _names(out)).graph(out.graph, main=True)
     return out
 
 
+def _names(model: ModelProto) -> set[str]:
+    """Every node name and value name in ``model``'s graphs, subgraphs included."""
+    names: set[str] = set()
+    for g, _ in graphs(model.graph, ""):
+        names.update(vi.name for vi in (*g.input, *g.output, *g.value_info))
+        names.update(t.name for t in g.initializer)
+        names.update(t.values.name for t in g.sparse_initializer)
+        for node in g.node:
+            names.add(node.name)
+            names.update(node.input)
+            names.update(node.output)
+    return names
+
+
 class _Rewrite:
-    def __init__(self, bf16: set[str]) -> None:
+    def __init__(self, bf16: set[str], taken: set[str]) -> None:
         self.bf16 = bf16
+        self.taken = taken  # node and value names in use: the model's, and each one made here
         self.view: dict[str, str] = {}  # BF16 value -> its FP32 view, across scopes (names are unique)
 
     def graph(self, g: GraphProto, main: bool) -> None:
@@ -95,7 +114,7 @@ class _Rewrite:
             if main:  # fed FP32, rounded on entry
                 vi.type.tensor_type.elem_type = _FLOAT
                 stored = self._name(vi.name, "in")
-                nodes.append(_cast(vi.name, stored, _BF16))
+                nodes.append(self._cast(vi.name, stored, _BF16))
                 nodes.append(self._view_of(stored, vi.name))
             else:
                 nodes.append(self._view_of(vi.name))
@@ -113,7 +132,7 @@ class _Rewrite:
                 if rewired:  # it computed on FP32 views: round its result to BF16 as stored
                     raw = self._name(name, "raw")
                     node.output[i] = raw
-                    after.append(_cast(raw, name, _BF16))
+                    after.append(self._cast(raw, name, _BF16))
                 after.append(self._view_of(name))
             nodes.append(node)
             nodes.extend(after)
@@ -141,12 +160,19 @@ class _Rewrite:
         """The Cast making ``stored``'s FP32 view, recorded under ``name`` (default: ``stored``)."""
         view = self._name(name or stored, "f32")
         self.view[name or stored] = view
-        return _cast(stored, view, _FLOAT)
+        return self._cast(stored, view, _FLOAT)
 
-    @staticmethod
-    def _name(name: str, what: str) -> str:
-        return f"{name}{_TAG}_{what}"
+    def _name(self, name: str, what: str) -> str:
+        return self._fresh(f"{name}{_TAG}_{what}")
 
+    def _cast(self, src: str, dst: str, to: int) -> NodeProto:
+        return helper.make_node("Cast", [src], [dst], to=to, name=self._fresh(f"{dst}_cast"))
 
-def _cast(src: str, dst: str, to: int) -> NodeProto:
-    return helper.make_node("Cast", [src], [dst], to=to, name=dst)
+    def _fresh(self, base: str) -> str:
+        """``base``, or ``base_1``, ``base_2``, ...: the first no node or value of the model has."""
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
