@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from passes.explain import declared_by
+
 from . import __version__
 from .dtypes import FLOAT32, LOW_PRECISION, is_float
-from .ir import PrecisionGraph
+from .ir import GRAPH_INPUT, PrecisionGraph
 from .registry import UNKNOWN
 from .report import SCHEMA_VERSION, Report
 from .report_memory import fill_memory, tensor_table
@@ -41,7 +43,8 @@ def build_report(result: PlanResult) -> Report:
             casts_caused[c] = casts_caused.get(c, 0) + 1
         casts.append({"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype, "bytes": nbytes,
                       "reason": (op.reason if op.name in result.emitter_casts else
-                                 _cast_reason(graph, op, consumers) if op.inserted else "cast in the source model"),
+                                 _cast_reason(graph, op, consumers, ctx.keep_io_types) if op.inserted
+                                 else "cast in the source model"),
                       "inserted": op.inserted, "output": out.name})
     ops = []
     gemm_flops = low_gemm_flops = 0.0
@@ -197,14 +200,23 @@ def _plan_fields(result: PlanResult) -> dict[str, Any]:
             "fusion_groups": costs.fusion_groups, "fp32_tensor_core_why": costs.fp32_tensor_core_why, "near_tie": costs.near_tie}
 
 
-def _cast_reason(graph: PrecisionGraph, op, consumers: list[str]) -> str:
+def _cast_reason(graph: PrecisionGraph, op, consumers: list[str], keep_io_types: bool) -> str:
+    """Why the casts pass inserted ``op``: a kept graph input/output, a subgraph's declared input or
+    output (kept whatever ``keep_io_types``: the casts inside a Loop body had said "(keep_io_types)"
+    under ``--no-keep-io-types``), or the ops reading it."""
     out = graph.tensors[op.outputs[0]]
+    src = graph.tensors[op.inputs[0]]
+    names = ", ".join(consumers[:3]) + (" ..." if len(consumers) > 3 else "")
+    for side, owner in (("output", declared_by(graph, out)),
+                        ("input", declared_by(graph, src) if src.kind == GRAPH_INPUT else None)):
+        if owner is not None:
+            why = f"subgraph {side} keeps its declared type ({graph.ops[owner].op_type} {owner})"
+            return why + (f"; read by {names}" if consumers else "")
     if out.is_graph_output and not consumers:
         return "graph output keeps its dtype (keep_io_types)"
-    src = graph.tensors[op.inputs[0]]
     if src.producer is None and not src.is_constant:
         if not graph.inputs_retypable:
             return "graph input arrives in the caller's dtype"
-        return "graph input keeps its dtype (keep_io_types)"
-    names = ", ".join(consumers[:3]) + (" ..." if len(consumers) > 3 else "")
+        if keep_io_types:
+            return "graph input keeps its dtype (keep_io_types)"
     return f"read by {names}"

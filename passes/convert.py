@@ -32,12 +32,12 @@ import numpy as np
 from .maxflow import min_cut_source_side  # scipy only for large graphs: its import costs more than a small cut
 
 from amp_compiler.dtypes import FLOAT32, short
-from amp_compiler.ir import GRAPH_INPUT, UNIT, PrecisionGraph
+from amp_compiler.ir import UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR
 
 from .base import PLANNERS, Pass, PassResult, PlanContext, check, snapshot
 from .costs import OpTimer, PlanEnergy, all_low_time, build_energy
-from .explain import fp32_tensor_core_why, near_tie_note, unplanned_float
+from .explain import at_graph_io, fp32_tensor_core_why, near_tie_note, unplanned_float
 from .plan_memory import plan_memory
 from .result import Costs, Prediction
 from .user_rules import note_forced, pin_forced
@@ -103,16 +103,11 @@ def io_casts_matter(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, ene
     Casts at the graph's inputs and outputs costing under ``TIE_TOLERANCE`` of the plan's time in
     all are not worth the advice, and no second energy and cut are made for them (they had cost
     1.5 s on a 100k-node graph for one output cast)."""
-    io = sum(term.cast_cost for term in energy.terms if _at_graph_io(graph.tensors[term.tensor]))
+    io = sum(term.cast_cost for term in energy.terms if at_graph_io(graph.tensors[term.tensor]))
     if io < TIE_TOLERANCE * mixed_s:
         return False
     other = build_energy(graph, replace(ctx, keep_io_types=False), timer)  # same units, same order
     return other.low_tc_flops(solve_objective(other, ctx.objective, floor_s)) > other.low_tc_flops(plan)
-
-
-def _at_graph_io(t) -> bool:
-    """A main-graph input or output: the values ``keep_io_types`` keeps in their dtypes."""
-    return not t.scope and (t.kind == GRAPH_INPUT or t.is_graph_output)
 
 
 def tie_tolerance(t_best: float, floor_s: float = 0.0) -> float:

@@ -11,12 +11,12 @@ from collections import Counter
 from typing import Callable
 
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
-from amp_compiler.ir import CONSTANT, PARAMETER, PrecisionGraph
+from amp_compiler.ir import CONSTANT, GRAPH_INPUT, PARAMETER, PrecisionGraph, Tensor
 
 from .base import PlanContext
 from .costs import OpTimer, PlanEnergy
 
-__all__ = ["fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
+__all__ = ["at_graph_io", "declared_by", "fp32_tensor_core_why", "near_tie_note", "unplanned_float"]
 
 #: the op names a deny-propagation reason carries (``passes/propagate.py``): one reason per op,
 #: which a count of reasons must read as one
@@ -33,6 +33,31 @@ def unplanned_float(graph: PrecisionGraph, op) -> str | None:
         if t is not None and t.dtype == FLOAT64 and not t.is_constant:
             return t.dtype
     return None
+
+
+def at_graph_io(t: Tensor) -> bool:
+    """A main-graph input or output kept in its dtype by ``keep_io_types`` alone: not a value a
+    subgraph returns (``Tensor.scope_output``: kept whatever the options)."""
+    return not t.scope and (t.kind == GRAPH_INPUT or t.is_graph_output and not t.scope_output)
+
+
+def declared_by(graph: PrecisionGraph, t: Tensor) -> str | None:
+    """The If/Loop/Scan op whose subgraph declares ``t`` an input or output, else None: a body keeps
+    those types so that its op stays well typed (``Tensor.scope_output``, ``passes/casts.py``)."""
+    if not t.scope_output and not (t.kind == GRAPH_INPUT and t.scope):
+        return None
+    return next((owner for owner, ins, outs in graph.scopes.values()
+                 if t.name in (outs if t.scope_output else ins)), None)
+
+
+def _at_subgraph(graph: PrecisionGraph, t: Tensor) -> str | None:
+    """The If/Loop/Scan op at whose subgraph boundary ``t`` is: one its subgraph declares
+    (``declared_by``) or one the op itself reads or writes; None elsewhere."""
+    owner = declared_by(graph, t)
+    if owner is None:
+        owner = next((n for n in (t.producer, *(c for c, _ in t.consumers))
+                      if n and graph.ops[n].canonical == "control_flow"), None)
+    return owner
 
 
 def _us(seconds: float) -> str:
@@ -153,28 +178,42 @@ def _dim_advice(graph: PrecisionGraph) -> str:
     return advice
 
 
+#: the places where the numerics rules' reasons quote an op's name (``numerics_centring``,
+#: ``numerics_attention`` twice, ``numerics_chains``' trig chains and eps chains, ``numerics`` rule 2);
+#: a word anywhere else is the rule's own, whatever op shares it
+_QUOTED_OP = re.compile(r"(?<=centring \(x - mean\(x\)\): )\S+(?= subtracts )"
+                        r"|(?<=unscaled attention scores: )\S+?(?='s product )"
+                        r"|(?<= reaches )\S+(?= with no 1/sqrt\(d\) scale)"
+                        r"|(?<=computes the argument of )\S+?(?=: )"
+                        r"|(?:^|(?<=: ))\S+?(?=: argument | can reach )")
+
+
 def _named_apart(graph: PrecisionGraph, reason: str) -> str:
     """``reason`` with the op names it quotes written as those ops' types, so that one rule counts
     once: "centring (x - mean(x)): /h.0/ln_1/Sub subtracts ..." named each of GPT-2's five
-    LayerNorms apart, and the line read "(2 ops)" twice for the ten ops the rule holds."""
-    for token in reason.split():
-        name = token.rstrip(",;:)")
-        if name in graph.ops:
-            reason = reason.replace(name, f"its {graph.ops[name].op_type}")
-    return reason
+    LayerNorms apart, and the line read "(2 ops)" twice for the ten ops the rule holds. Only where
+    a rule quotes a name (``_QUOTED_OP``), in one pass: replacing every occurrence of each name
+    turned a Sub named "sub" into "its Sub its Subtracts this mean"."""
+    def typed(m: re.Match) -> str:
+        op = graph.ops.get(m.group())
+        return f"its {op.op_type}" if op is not None else m.group()
+    return _QUOTED_OP.sub(typed, reason)
 
 
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int, int]:
-    """(lines, casts at graph inputs/outputs, casts of weights stored FP32): what the casts of ``plan`` border: ops that stay FP32 whatever the plan (deny, a numerics
-    rule, out of the eligible region; casts and ops by op type, the commonest first: "8 casts at
-    4 Resize", two per interpolation, had read "8x Resize", 8 ops; a cast bordering two op types
-    counts once, "5 casts at 5 ReduceMean + 5 Sub", which had read as 10) and graph inputs/outputs
-    that keep their dtype, then the rules that hold those ops FP32 (their reasons, the commonest
-    first); no lines when no cast is charged."""
+    """(lines, casts at graph inputs/outputs, casts of weights stored FP32): what the casts of ``plan``
+    border: ops that stay FP32 whatever the plan (deny, a numerics rule, out of the eligible region;
+    casts and ops by op type, the commonest first: "8 casts at 4 Resize", two per interpolation, had
+    read "8x Resize", 8 ops; a cast bordering two op types counts once, "5 casts at 5 ReduceMean +
+    5 Sub", which had read as 10), weights, the subgraph boundaries of If/Loop/Scan ops
+    (``_at_subgraph``) and the main graph's inputs/outputs (``at_graph_io``: only these casts
+    ``--no-keep-io-types`` removes; a Loop's had been counted with them), then the rules that hold
+    those ops FP32 (their reasons, the commonest first); no lines when no cast is charged."""
     borders: Counter = Counter()
     held: dict[str, str] = {}  # bordering op -> why it stays FP32
-    io = 0
+    io = other = 0
     weights: Counter = Counter()  # PARAMETER / CONSTANT -> casts at weights no op holds FP32
+    subgraphs: Counter = Counter()  # If/Loop/Scan op -> casts at its subgraph's declared types
     for term in energy.terms:
         if not energy.term_cost(term, plan):
             continue
@@ -188,8 +227,12 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
                          for op in fixed})
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
             weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
-        else:
+        elif (owner := _at_subgraph(graph, t)) is not None:
+            subgraphs[owner] += 1
+        elif at_graph_io(t):
             io += 1
+        else:
+            other += 1  # a port the schema or the registry keeps in its dtype
     kinds = Counter(graph.ops[name].op_type for name in held)  # distinct ops: 2 casts at 1 Resize read "1 Resize"
     parts = [f"{n} {'casts ' if not i else ''}at {' + '.join(f'{kinds[k]} {k}' for k in key)}"
              for i, (key, n) in enumerate(borders.most_common(4))]
@@ -197,8 +240,15 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
         parts.append(f"{weights[PARAMETER]} at parameters cast every call (training mode keeps their FP32 master copy)")
     if weights[CONSTANT]:
         parts.append(f"{weights[CONSTANT]} at weights stored FP32 and cast every call")
+    if subgraphs:
+        owners = Counter(graph.ops[name].op_type for name in subgraphs)  # "of 1 Loop + 2 If"
+        parts.append(f"{sum(subgraphs.values())} at subgraph boundaries of "
+                     f"{' + '.join(f'{n} {k}' for k, n in owners.most_common())} "
+                     f"(declared types, which no option changes)")
     if io:
         parts.append(f"{io} at graph inputs/outputs")
+    if other:
+        parts.append(f"{other} at ports of a fixed dtype")
     if not parts:
         return [], io, 0
     # "its": the all-low plan's casts, priced on the line before (not the chosen plan's, which the report lists)
