@@ -17,7 +17,8 @@ called (``docs/architecture.md``, "Validation inputs"):
 Symbolic dims take their ``--dim`` size (``dims``), else the one size the graph allows them
 (``onnx_io.pinned_dims``: an export specialised to batch 1), else ``default_dim``, except the
 samples of a raw waveform (a rank-2 audio input): one second at 16 kHz, as a few samples are
-shorter than the first convolution of any speech encoder.
+shorter than the first convolution of any speech encoder; and the height and width of an image:
+224 pixels, as a 2 x 2 image is smaller than a vision model's patchify stem (``natural_dims``).
 
 ``model_inputs`` returns the feeds and, per input, how it was drawn (the report carries it).
 """
@@ -31,7 +32,7 @@ from .errors import ConversionError
 from .onnx_io.annotate import walk_nodes
 from .onnx_io.derived_dims import derived_sizes, relations_of_model
 
-__all__ = ["graph_input_specs", "model_inputs", "waveform_dims"]
+__all__ = ["graph_input_specs", "image_dims", "model_inputs", "natural_dims", "waveform_dims"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
@@ -42,6 +43,7 @@ _AUDIO = ("audio", "input_values", "wav", "input_features")
 _WAVEFORM = ("audio", "input_values", "wav")
 _CACHE = ("past", "cache", "present")  # a decoder's past_key_values.*: rank 4, not images
 _WAVEFORM_SAMPLES = 16000  # one second at 16 kHz, the rate speech encoders are trained on
+_IMAGE_SIDE = 224  # pixels: the ImageNet resolution most vision backbones are trained at
 
 
 def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
@@ -75,8 +77,8 @@ def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, i
                       relations=None):
     """(name, shape, numpy dtype) of each graph input that is not an initializer; a symbolic
     dim takes its size in ``dims`` (by name), else the size the graph pins it to
-    (``pinned_dims``), else a waveform's samples one second of audio (``waveform_dims``), else
-    ``default_dim``; a dim the graph derives from others (a decoder's ``total_sequence =
+    (``pinned_dims``), else a waveform's samples one second of audio and an image's sides 224
+    pixels (``natural_dims``), else ``default_dim``; a dim the graph derives from others (a decoder's ``total_sequence =
     past_sequence + sequence``) is sized from theirs. ``relations``: ``relations_of_model``'s
     answer when the caller has it. ``ConversionError`` for a dtype no data can be made for."""
     initializers = {i.name for i in model.graph.initializer}
@@ -96,7 +98,7 @@ def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, i
 
 def _input_dims(model: ModelProto, default_dim: int, dims: dict[str, int] | None, relations) -> dict[str, int]:
     pins, derived = relations if relations is not None else relations_of_model(model, sized=dims or ())
-    sizes = {**waveform_dims(model), **{dim: pin.size for dim, pin in pins.items()}, **(dims or {})}
+    sizes = {**natural_dims(model), **{dim: pin.size for dim, pin in pins.items()}, **(dims or {})}
     return {**sizes, **derived_sizes(model, sizes, default_dim, derived)}
 
 
@@ -111,6 +113,34 @@ def waveform_dims(model: ModelProto) -> dict[str, int]:
                 and len(tt.shape.dim) == 2 and any(key in inp.name.lower() for key in _WAVEFORM)
                 and tt.shape.dim[1].dim_param):
             found[tt.shape.dim[1].dim_param] = _WAVEFORM_SAMPLES
+    return found
+
+
+def natural_dims(model: ModelProto) -> dict[str, int]:
+    """Symbolic dims sized as the data they hold comes, not as a batch: a waveform's samples
+    (``waveform_dims``) and an image's height and width (``image_dims``)."""
+    return {**waveform_dims(model), **image_dims(model)}
+
+
+def image_dims(model: ModelProto) -> dict[str, int]:
+    """The symbolic height and width of each image input (rank-4 float, 1 or 3 channels fixed,
+    NCHW or NHWC, or any channels if named ``pixel*``/``image*``/``img*``): ``_IMAGE_SIDE``
+    pixels. A Swin, Segformer or ConvNeXt exported with dynamic height and width was drawn as
+    2 x 2 images, which its 4 x 4 patchify convolution refused, and planned on 8 x 8 ones."""
+    found = {}
+    for inp in model.graph.input:
+        tt = inp.type.tensor_type
+        name = inp.name.lower()
+        if (tt.elem_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+                or len(tt.shape.dim) != 4 or any(key in name for key in (*_CACHE, *_AUDIO, "mask"))):
+            continue
+        dims = list(tt.shape.dim)
+        channels = [axis for axis in (1, 3) if dims[axis].dim_value in (1, 3)]
+        if not channels and name.startswith(("pixel", "image", "img")):
+            channels = [1]
+        if channels:
+            spatial = (2, 3) if channels[0] == 1 else (1, 2)
+            found.update({dims[axis].dim_param: _IMAGE_SIDE for axis in spatial if dims[axis].dim_param})
     return found
 
 

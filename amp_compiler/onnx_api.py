@@ -16,7 +16,7 @@ from .custom_ops import custom_ops_from_dict, custom_registry, load_custom_ops
 from .dims import check_sizes, names_in
 from .errors import ConversionError
 from .gcpause import gc_paused
-from .input_gen import waveform_dims
+from .input_gen import natural_dims
 from .onnx_io.annotate import annotate_model, earlier_fp32, record_modules, walk_nodes
 from .onnx_io.common_subexpressions import merge_duplicates
 from .onnx_io.emitter import emit
@@ -137,9 +137,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         if data_max is not None:
             ctx.calibration_margin = RANGES[ctx.low_dtype].max / data_max
         drawn = _calibrate(model, imp.graph, calibration_inputs, dim_values)
-    # a waveform's samples are sized as one second of audio unless --dim says otherwise, a decoder's
-    # total_sequence as past_sequence + sequence ("Input handling")
-    sizes = {**waveform_dims(model), **(dim_values or {})}
+    # a waveform's samples are sized as one second of audio and an image's sides as 224 pixels unless
+    # --dim says otherwise, a decoder's total_sequence as past_sequence + sequence ("Input handling")
+    sizes = {**natural_dims(model), **(dim_values or {})}
     if carries_cache(model):
         sizes.update(derived_sizes(model, sizes, default_dim))
     result = run_passes(imp.graph, ctx, source, sizes or None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -185,6 +186,34 @@ def test_a_waveform_is_drawn_and_planned_one_second_long():
     summary = convert_onnx(m)[1].summary
     assert summary["dim_values"] == {"samples": 16000} and summary["gemm_flops"] > 1e6
     assert convert_onnx(m, dim_values={"samples": 800})[1].summary["dim_values"] == {"samples": 800}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_an_image_with_dynamic_sides_is_drawn_and_planned_224_pixels(tmp_path, layout):
+    """A vision model exported with dynamic height and width (detection, segmentation) was drawn
+    as 2 x 2 images, which its 4 x 4 patchify stem refused, failing a default --validate, and
+    was planned on 8 x 8 images."""
+    from amp_compiler.onnx_api import convert_onnx
+
+    nodes = [helper.make_node("Conv", ["x", "K"], ["y"], name="patchify", strides=[4, 4])]
+    if layout == "nhwc":
+        nodes.insert(0, helper.make_node("Transpose", ["pixel_values"], ["x"], name="to_nchw", perm=[0, 3, 1, 2]))
+        image = fin("pixel_values", "batch", "height", "width", 3)
+    else:
+        nodes[0].input[0] = "pixel_values"
+        image = fin("pixel_values", "batch", 3, "height", "width")
+    m = model(nodes, [image], [fin("y", "batch", 16, "h", "w")], [weight("K", 16, 3, 4, 4)])
+    feeds, how = model_inputs(m)
+    assert feeds["pixel_values"].shape == ((2, 3, 224, 224) if layout == "nchw" else (2, 224, 224, 3))
+    assert how["pixel_values"] == "images in [0, 1]"
+    assert model_inputs(m, dims={"height": 32})[0]["pixel_values"].shape[1:3] in ((3, 32), (32, 224))
+    assert convert_onnx(m)[1].summary["dim_values"] == {"height": 224, "width": 224}
+    src, dst = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(m, str(src))
+    assert main([str(src), "-o", str(dst), "--validate", "-q"]) == 0
+    rank4_cache = model([helper.make_node("Relu", ["past_key"], ["k"], name="r")],
+                        [fin("past_key", "batch", 3, "past", 8)], [fin("k", "batch", 3, "past", 8)])
+    assert model_inputs(rank4_cache)[0]["past_key"].shape == (2, 3, 2, 8)  # not an image: no sides
 
 
 def test_a_constant_fp32_output_is_said_to_test_nothing(tmp_path, capsys):
