@@ -69,6 +69,42 @@ def test_the_plan_sizes_total_sequence_from_the_past_length_given():
     assert context["flops"] == 2 * default * default * (past + default) * WIDTH
 
 
+def _seq2seq_decoder_step() -> onnx.ModelProto:
+    """``_kv_decoder`` plus cross-attention over ``encoder_hidden_states`` masked by
+    ``encoder_attention_mask`` (``[batch, encoder_sequence]``), as Optimum exports a BART decoder."""
+    m = _kv_decoder()
+    nodes = [helper.make_node("Transpose", ["encoder_hidden_states"], ["et"], name="et", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["y", "et"], ["cross_scores"], name="cross_scores"),
+             helper.make_node("Cast", ["encoder_attention_mask"], ["emf"], name="emf", to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["emf", "axis1"], ["em3"], name="em3"),
+             helper.make_node("Add", ["cross_scores", "em3"], ["cross_masked"], name="cross_masked"),
+             helper.make_node("Softmax", ["cross_masked"], ["cross_probs"], name="cross_softmax", axis=-1),
+             helper.make_node("MatMul", ["cross_probs", "encoder_hidden_states"], ["z"], name="cross_context")]
+    m.graph.node.extend(nodes)
+    m.graph.input.extend([fin("encoder_hidden_states", "batch", "encoder_sequence", WIDTH),
+                          fin("encoder_attention_mask", "batch", "encoder_sequence", dtype=TensorProto.INT64)])
+    m.graph.output.append(fin("z", "batch", "sequence", WIDTH))
+    return m
+
+
+def test_an_encoder_mask_is_as_long_as_the_encoder_states_not_the_cache(tmp_path):
+    """A seq2seq decoder's ``encoder_attention_mask`` was taken for the cache's mask: the plan
+    sized ``encoder_sequence`` as ``past_sequence + 1`` and ``inputs_drawn`` said it masks the
+    cache. Its length is the one ``encoder_hidden_states`` declares."""
+    from amp_compiler.input_gen import model_inputs
+
+    m = _seq2seq_decoder_step()
+    feeds, how = model_inputs(m, dims={"past_sequence": 5, "encoder_sequence": 9})
+    assert feeds["encoder_attention_mask"].shape == (2, 9) and feeds["attention_mask"].shape == (2, 7)
+    assert how["encoder_attention_mask"] == "mask of ones"
+    assert "total_sequence = past_sequence + sequence" in how["attention_mask"]
+    sizes = convert_onnx(m, dim_values={"past_sequence": 100})[1].summary["dim_values"]
+    assert sizes["total_sequence"] == 108 and "encoder_sequence" not in sizes
+    src = tmp_path / "decoder.onnx"
+    onnx.save(m, str(src))
+    assert main([str(src), "-o", str(tmp_path / "out.onnx"), "--validate", "-q"]) == 0
+
+
 def test_casts_at_the_cache_inputs_and_outputs_name_no_keep_io_types():
     """A GPT-2 at ``--dim past_sequence=100`` stayed FP32 for its 9 casts at ``past_key_values.*``
     and ``present.*``, and the why line named every option but the one that removes them."""

@@ -109,7 +109,9 @@ def _cache_mask(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[s
     """A decoder's attention mask covers its cache and its new tokens: the last dim of a ``*mask*``
     input is the length of the ``present`` a Concat of a graph input makes. Deployment runtimes
     feed it so; a dynamo export declares the mask's own symbol (``total_sequence``) and nothing
-    relates it, and drawn at 2 its GatherND read past the mask."""
+    relates it, and drawn at 2 its GatherND read past the mask. Not a mask whose last dim another
+    input declares: a seq2seq decoder's ``encoder_attention_mask`` has the length of its
+    ``encoder_hidden_states``, and had been tied to the self-attention cache."""
     inputs = {vi.name for vi in model.graph.input}
     outputs = {vi.name for vi in model.graph.output}
     lengths = {_concat_sum(n, shapes) for n in model.graph.node if n.op_type == "Concat" and n.output
@@ -118,9 +120,11 @@ def _cache_mask(model: ModelProto, shapes: dict[str, tuple]) -> Iterator[tuple[s
     if len(lengths) != 1:
         return
     (length,) = lengths
+    own = {d for vi in model.graph.input if "mask" not in vi.name.lower() for d in tensor_type(vi)[1] or ()}
     for vi in model.graph.input:
         dims = tensor_type(vi)[1]
-        if "mask" in vi.name.lower() and dims and isinstance(dims[-1], str) and _NAME.match(dims[-1]):
+        if ("mask" in vi.name.lower() and dims and isinstance(dims[-1], str) and _NAME.match(dims[-1])
+                and dims[-1] not in own):
             yield dims[-1], length, f"{vi.name!r} masks the cache and the new tokens ({length})"
 
 
