@@ -109,6 +109,18 @@ def test_text_header_and_summary():
     assert "custom.MyOp" in summary
 
 
+def test_a_bf16_report_names_its_ceiling_all_bf16():
+    """Under --dtype bf16 the summary rows had read "all-FP16" beside first lines saying all-bf16."""
+    d = make_report()
+    d["summary"].update(dtype="bfloat16", predicted_memory_fp32_bytes=4096, predicted_memory_mixed_bytes=2048,
+                        predicted_memory_all_fp16_bytes=2048, predicted_speedup_vs_all_fp16=0.97)
+    summary = "\n".join(section(Report(d).to_text(), "Summary"))
+    page = Report(d).to_html()
+    for text in (summary, page):
+        assert "all-FP16" not in text and "all-BF16 680.0 µs" in text and "0.97× of all-BF16" in text
+    assert "all-BF16 2.0 KiB" in summary
+
+
 def test_text_lists_every_fp32_op_with_reason():
     data = make_report(30)
     fp32 = [o for o in data["ops"] if o["precision"] == "float32"]

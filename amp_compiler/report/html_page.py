@@ -42,6 +42,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     nodes, fp16, fp32 = (s.get(k) for k in ("nodes", "fp16_nodes", "fp32_nodes"))
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
     gemm = s.get("gemm_flops")
+    low_label = PRECISION_LABEL.get(str(s.get("dtype")), "FP16")  # all-BF16 under --dtype bf16
     cards = [
         ("Nodes", fmt_count(nodes), f"{fmt_count(fp16)} reduced · {fmt_count(fp32)} FP32"),
         ("Reduced precision", fmt_pct(ratio(fp16, nodes)), "of nodes"),
@@ -49,9 +50,9 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
          "of GEMM/conv FLOPs" + (f" ({fmt_flops(gemm)})" if gemm is not None else "")),
         ("Casts", fmt_count(s.get("casts")), fmt_bytes(s.get("cast_bytes"))),
         ("Predicted time", fmt_time(s.get("predicted_time_mixed_s")),
-         f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · all-FP16 "
+         f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · all-{low_label} "
          f"{fmt_time(s.get('predicted_time_all_fp16_s'))}"),
-        ("Speed-up vs FP32", fmt_speedup(vs_fp32), f"{fmt_speedup(vs_fp16)} of all-FP16"),
+        ("Speed-up vs FP32", fmt_speedup(vs_fp32), f"{fmt_speedup(vs_fp16)} of all-{low_label}"),
     ]
     val = report.validation
     if val is not None:

@@ -55,14 +55,14 @@ def render_text(report, max_rows: int | None = 60) -> str:
     rows.append(("predicted time",
                  f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · "
                  f"mixed {fmt_time(s.get('predicted_time_mixed_s'))} · "
-                 f"all-FP16 {fmt_time(s.get('predicted_time_all_fp16_s'))}"))
+                 f"all-{red_label} {fmt_time(s.get('predicted_time_all_fp16_s'))}"))
     if s.get("predicted_memory_fp32_bytes") is not None:  # weights + peak activations (report_memory.py)
         mem = [f"{k} {fmt_bytes(s.get(f'predicted_memory_{f}_bytes'))}"
-               for k, f in (("FP32", "fp32"), ("mixed", "mixed"), ("all-FP16", "all_fp16"))]
+               for k, f in (("FP32", "fp32"), ("mixed", "mixed"), (f"all-{red_label}", "all_fp16"))]
         rows.append(("predicted memory", " · ".join(mem)))
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
     rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
-                             f"{fmt_speedup(vs_fp16)} of all-FP16"))
+                             f"{fmt_speedup(vs_fp16)} of all-{red_label}"))
     if s.get("near_tie"):  # the plan is predicted slower than FP32: say it is the objective's tie
         rows.append(("near tie", clean(s["near_tie"])))
     unknown = s.get("unknown_ops")
