@@ -1140,7 +1140,22 @@ def test_an_op_given_a_type_its_opset_does_not_take_says_to_export_newer(tmp_pat
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), str(inp))
     assert_refused(capsys, inp, f"{inp}: node 'clamp' (Min): type inference failed: data_0 typestr: T, has unsupported "
                                 "type: tensor(int64) (Min at the model's opset does not take this type; ONNX Runtime "
-                                "refuses it too: export with a newer opset_version)", out=tmp_path / "out.onnx")
+                                "refuses it too: export with opset_version 12 or newer)", out=tmp_path / "out.onnx")
+
+
+def test_a_type_no_version_of_the_op_takes_is_not_told_to_export_newer(tmp_path, capsys):
+    """A TorchScript Falcon casts its alibi slopes to complex128: no Cast at any opset takes it,
+    and the line had advised a newer opset_version, which changed nothing."""
+    nodes = [helper.make_node("Cast", ["x"], ["c"], name="to_complex", to=TP.COMPLEX128),
+             helper.make_node("Shape", ["c"], ["y"], name="shape")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TP.INT64, [1])])
+    inp = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(inp))
+    status = cli.main([str(inp), "-o", str(tmp_path / "out.onnx"), "-q"])
+    err = capsys.readouterr().err
+    assert status == 2 and "node 'to_complex' (Cast)" in err and "tensor(complex128)" in err, err
+    assert "no version of ONNX's Cast takes tensor(complex128)" in err and "opset_version" not in err
 
 
 def test_a_malformed_model_under_fallback_gets_the_importers_error(tmp_path, capsys):

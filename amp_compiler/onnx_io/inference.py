@@ -147,10 +147,24 @@ def _fatal_inference_error(text: str) -> tuple[str, str] | None:
                 "shape" if kind == "ShapeInferenceError" else "type and shape")
         where = f"node {name!r} ({op})" if name else f"a {op} node"
         if "has unsupported type" in message:  # TorchScript's Min on int64 ids at opset 11 (T5): Min-12 takes it
-            message += (f" ({op} at the model's opset does not take this type; ONNX Runtime refuses it too: "
-                        "export with a newer opset_version)")
+            message += _type_advice(op, message)
         return where, f"{what} inference failed: {message}"
     return None
+
+
+def _type_advice(op: str, message: str) -> str:
+    """What to do about a type ``op`` refuses: a newer opset only where the newest ``op`` takes the
+    type (a Falcon's ``Cast`` to complex128, which no Cast takes, had been told to re-export)."""
+    found = re.search(r"tensor\([a-z0-9]+\)", message)
+    versions = sorted((s for s in onnx.defs.get_all_schemas_with_history() if s.name == op and s.domain in ("", "ai.onnx")),
+                      key=lambda s: s.since_version)
+    if found is None or not versions:
+        return f" ({op} at the model's opset does not take this type; ONNX Runtime refuses it too)"
+    taking = [s.since_version for s in versions if any(found.group() in c.allowed_type_strs for c in s.type_constraints)]
+    if taking:
+        return (f" ({op} at the model's opset does not take this type; ONNX Runtime refuses it too: export with "
+                f"opset_version {taking[0]} or newer)")
+    return f" (no version of ONNX's {op} takes {found.group()}: the model cannot run on ONNX Runtime as exported)"
 
 
 def inferred_types(light: ModelProto, nested: bool = True) -> dict[str, tuple[int, tuple | None]]:
