@@ -39,6 +39,7 @@ from .fx_io.autograd_functions import check_dynamo_graph
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import beyond_fp16, finite_peak
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -72,6 +73,7 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if training:
         check_dynamo_graph(gm, source)  # its backward() would be lost in the retrace
     aten = dynamo_aten_graph(gm, example_inputs, source, training=bool(training))
+    check_operand_dtypes(aten, source, (s.value for s in specs.values() if s.is_parameter))
     placeholders = [n for n in aten.graph.nodes if n.op == "placeholder"]
     weights = {placeholders[i].name: spec for i, spec in specs.items()}
     plan_opts = {k: opts[k] for k in _PLAN_OPTIONS if k in opts}

@@ -21,6 +21,7 @@ from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, inp
                               views_as_reshapes)
 from .fx_io.emitter import emit
 from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.operand_dtypes import OperandDtypeError, check_operand_dtypes
 from .fx_io.plans import (Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, varying_dims)
 from .fx_io.serving import CAPTURE_LOCK, kwarg_order
@@ -78,8 +79,9 @@ class ExportRoute:
                     try:
                         plan = self._put(key, self.plan(args, kwargs), args, kwargs)
                     except ConversionError as error:
-                        if self.dynamic_shapes is not None or isinstance(error, CustomBackwardError):
-                            raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
+                        if self.dynamic_shapes is not None or \
+                                isinstance(error, (CustomBackwardError, OperandDtypeError)):
+                            raise  # the user asked for torch.export's symbolic shapes, or dynamo would capture the same
                         self._refused.add(call_structure(args, kwargs))
                         if self._dynamo is None:
                             self._dynamo = DynamoRoute(self.model, self.opts, self.source, self.cache.limit)
@@ -126,6 +128,7 @@ class ExportRoute:
         o = self.opts
         gm = export_graph(self.model, args, kwargs, source=self.source, dynamic_shapes=dynamic_shapes,
                           training=o["training"])
+        check_operand_dtypes(gm, self.source, self.model.parameters())  # the meta kernels did not
         hints = largest_sizes(input_symbols(gm, args, kwargs), seen) if seen else None
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)

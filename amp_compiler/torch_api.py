@@ -52,7 +52,9 @@ from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.inference_grad import warn_no_weight_grad
 from .fx_io.mode import effective_training
-from .fx_io.model_checks import HookWatch, bind_error, signature, warn_if_hooked, warn_if_low_precision, warn_if_recurrent
+from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, signature, warn_if_hooked,
+                                 warn_if_low_precision, warn_if_recurrent)
+from .fx_io.operand_dtypes import OperandDtypeError
 from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan
 from .fx_io.serving import CAPTURE_LOCK
 from .report import Report
@@ -75,7 +77,7 @@ class AmpModule(torch.nn.Module):
         # one route per train/eval mode (and, keeping gradients, per set of trainable parameters): the
         # others are made (planned on their first call) by route_for
         self.__dict__.update(_routes={}, _route_for=route_for)
-        self.__dict__.update(_flags=FlagWatch(model), _hooks=HookWatch(model))
+        self.__dict__.update(_flags=FlagWatch(model), _hooks=HookWatch(model), _swaps=SwapWatch(model))
         self.__dict__.update(_mode=self._route_key())
 
     @property
@@ -104,6 +106,12 @@ class AmpModule(torch.nn.Module):
 
     @torch.compiler.disable  # torch.compile(amp_model) runs the plans as they are (docs/architecture.md)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        swapped = self._swaps.swapped()
+        if swapped:  # plans read the tensors they were captured with (model_checks.SwapWatch)
+            if self.plans:
+                warnings.warn(f"amp_compiler: AmpModule({self._source}): {swapped} was replaced since its plans "
+                              f"were made, which read the old one's weights: planned again", stacklevel=5)
+            self._drop_plans()
         self._follow_mode()
         first = isinstance(self._route, _FirstCall)
         if not first:  # a first call captures the hooks there are (and warns of them)
@@ -117,6 +125,8 @@ class AmpModule(torch.nn.Module):
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
+        if self._swaps.swapped():  # the forward itself replaced them (dynamo runs its Python): state
+            self._swaps.reset()
         if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
                 any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
             self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})", stacklevel=5)
@@ -212,6 +222,14 @@ class AmpModule(torch.nn.Module):
         self.__dict__.update(_route=route, _mode=key)
         self.training = key[0]
 
+    def _drop_plans(self) -> None:
+        """Forget every plan (made for other weights or dtypes): the next call plans again, with the
+        model's modules and flags watched as they are now."""
+        self.__dict__.update(_flags=FlagWatch(self._route.model), _routes={})
+        self._swaps.reset()
+        mode = self._route_key()
+        self.__dict__.update(_mode=mode, _route=self._route_for(mode[0]))
+
     def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
         """Re-key the routes after the flags watch dropped attributes (``drop`` removes them from a key)."""
         self.__dict__.update(_mode=(*self._mode[:2], drop(self._mode[2])),
@@ -220,12 +238,14 @@ class AmpModule(torch.nn.Module):
     def _apply(self, fn, recurse: bool = True):
         """``.to(device)`` moves the plans' graphs and folded copies; a dtype change (``.double()``,
         ``.to(torch.float64)``) drops the plans, made for the old dtypes, and the next call plans again
-        (the folded FP16 copies had been converted too: "mat1 and mat2 must have the same dtype")."""
+        (the folded FP16 copies had been converted too: "mat1 and mat2 must have the same dtype"), as
+        does a conversion making new tensors (``to_empty()``), which the plans would not read."""
         model = self._route.model
         before = [t.dtype for t in (*model.parameters(), *model.buffers())]
         super()._apply(fn, recurse)
-        if before != [t.dtype for t in (*model.parameters(), *model.buffers())]:
-            self.__dict__.update(_routes={}, _route=self._route_for(self._mode[0]))
+        # new dtypes, or new tensors (to_empty(): a meta model compiled without an example, materialised)
+        if before != [t.dtype for t in (*model.parameters(), *model.buffers())] or self._swaps.swapped():
+            self._drop_plans()
         for plan in self._all_plans():
             if plan.graph_module is not None:
                 plan.graph_module._apply(fn, recurse)
@@ -245,7 +265,8 @@ class AmpModule(torch.nn.Module):
 
     def __copy__(self) -> "AmpModule":
         new = AmpModule.__new__(AmpModule)  # shares model and plans, as copy.copy did before __reduce_ex__
-        new.__dict__.update(self.__dict__, _routes=dict(self._routes))  # the other mode's route: its own slot
+        # the other mode's route and the replaced-module watch: its own (one copy replanning leaves the other's)
+        new.__dict__.update(self.__dict__, _routes=dict(self._routes), _swaps=copy.copy(self._swaps))
         return new
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -333,12 +354,13 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     """The route that captures ``model`` called with ``args``/``kwargs`` (torch.export's, else
     dynamo's), the plan of that call and ``(output,)`` if capturing ran the call (dynamo's), else
     ``()``; one ``ConversionError`` when neither captures it."""
+    refuse_meta(model, (args, kwargs), "compile")
     route: Any = ExportRoute(model, opts, source, dynamic_shapes, max_plans)
     try:
         plan = route.first(args, kwargs)
     except ConversionError as export_error:
-        if dynamic_shapes is not None or isinstance(export_error, CustomBackwardError):
-            raise  # the user asked for torch.export's symbolic shapes, or dynamo would fail the same
+        if dynamic_shapes is not None or isinstance(export_error, (CustomBackwardError, OperandDtypeError)):
+            raise  # the user asked for torch.export's symbolic shapes, or dynamo would capture the same
         route = DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
         return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)
     warn_if_hooked(model, "compile", stacklevel=4)  # export ran them once, into the graph

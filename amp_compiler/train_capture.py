@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
+from .fx_io.capture import capture_error
 from .fx_io.swap import swapped
 
 
@@ -177,10 +178,9 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
             return Traced(make_fx(step, tracing_mode="fake")(*example))  # one fake mode for every node's meta
     except ConversionError:
         raise
-    except Exception as exc:  # tracing errors name the construct in their message
-        raise ConversionError("compile_training", type(setup.model).__name__,
-                              f"the training step could not be captured as one graph: "
-                              f"{str(exc).splitlines()[0] if str(exc) else repr(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - named as compile's are: the user's line, the construct, the fix
+        found = capture_error(exc, type(setup.model).__name__, "make_fx (tracing the training step)")
+        raise ConversionError("compile_training", f"{found.source}, {found.where}", found.reason) from None
 
 
 def _trace_symbolic(step: Callable, example: list[torch.Tensor], n_batch: int,

@@ -25,7 +25,8 @@ from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
 from .fx_io.flags import RESTLESS, FlagWatch
-from .fx_io.model_checks import HookWatch, warn_if_hooked, warn_if_low_precision
+from .fx_io.model_checks import HookWatch, refuse_meta, warn_if_hooked, warn_if_low_precision
+from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import largest_sizes, varying_dims
 from .plan import make_context
 from .train_capture import Setup, Variant, plan_variant, trace_variant
@@ -260,6 +261,8 @@ class TrainStep:
             # the symbolic trace failed (a model that branches on those sizes): static captures, as before
             self._static_only.add(family)
             traced = trace_variant(self.setup, variant, states, self._scale, self._tracker, acc, batch)
+        # fake tensors ran what the real kernels refuse (a float64 batch for a float32 model)
+        check_operand_dtypes(traced.gm, "compile_training", self.model.parameters(), "batch inputs")
         changed = self._changed_hypers(key)
         if changed and not self._warned_hypers:  # once: a scheduler cycling them re-captures every step
             self._warned_hypers = True
@@ -445,9 +448,11 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
     ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
-    ``loss_fn(model(*inputs), *targets)`` (a scalar). ``optimizer`` is any ``torch.optim``
-    optimizer but LBFGS/SparseAdam/Adafactor; its own update is traced, its lr read at every step and
-    its state kept in ``optimizer.state``. ``model`` may be wrapped in DistributedDataParallel.
+    ``loss_fn(model(*inputs), *targets)`` (a scalar), returned detached: the step has run the backward
+    and the update (an eager loop's ``loss.backward()`` and ``optimizer.step()`` go).
+    ``optimizer`` is any ``torch.optim`` optimizer but LBFGS/SparseAdam/Adafactor; its own update is
+    traced, its lr read at every step and its state kept in ``optimizer.state``. ``model`` may be
+    wrapped in DistributedDataParallel.
     Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
     each call is a micro-batch of the loss divided by N, the N-th call updates.
@@ -475,6 +480,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
         raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
                    max_grad_value)
+    refuse_meta(setup.model, example_batch, "compile_training")
     warn_if_low_precision(setup.model, "compile_training")
     warn_if_hooked(setup.model, "compile_training")
     plan_options = dict(target=target, dtype=dtype, planner=planner, allow=allow, deny=deny, deny_nodes=deny_nodes,

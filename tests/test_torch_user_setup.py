@@ -127,3 +127,87 @@ def test_a_hook_registered_after_compile_is_said_at_the_next_call():
         warnings.simplefilter("always")
         am(x)
     assert called == [1] and not [w for w in caught if "after compiling" in str(w.message)]
+
+
+def test_a_module_or_parameter_replaced_after_compile_is_planned_again():
+    """``model.head = nn.Linear(...)`` (same mode) or ``head.weight = nn.Parameter(...)`` after compiling:
+    the export plan kept reading the tensors it was captured with, so the outputs were the old head's,
+    silently (error ~1.0). The next call now says so and plans again (``model_checks.SwapWatch``)."""
+    mlp, x = _mlp().eval(), torch.randn(8, 64)
+    am = amp_compiler.compile(mlp, x)
+    for replace, named in ((lambda: mlp.__setitem__(2, torch.nn.Linear(64, 64).eval()), "2"),
+                           (lambda: setattr(mlp[0], "weight", torch.nn.Parameter(torch.randn(64, 64))), "0.weight")):
+        replace()
+        with torch.no_grad(), pytest.warns(UserWarning, match=rf"AmpModule\(Sequential\): {named} was replaced"):
+            out = am(x)
+        torch.testing.assert_close(out, mlp(x).detach(), atol=2e-2, rtol=2e-2)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # planned for the new one: said once
+            am(x)
+        assert am.plans == 1
+
+
+def test_a_forward_that_replaces_its_own_buffer_is_not_planned_again():
+    """Dynamo's route runs the forward's Python: a buffer it reassigns at every call is state, not a
+    replacement to plan again for (``AmpModule.forward`` re-reads the modules after the call)."""
+
+    class Caching(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("last", torch.zeros(8))
+
+        def forward(self, x):
+            y = self.lin(x)
+            if y.sum() > 0:  # a branch on a value: the dynamo route
+                y = y * 2
+            self.last = y.sum(0).detach()
+            return y
+
+    model, x = Caching().eval(), torch.randn(4, 8)
+    with torch.no_grad():
+        am = amp_compiler.compile(model, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(3):
+                am(x)
+    assert "dynamo" in am.capture and am.plans == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_an_example_of_a_dtype_the_model_refuses_is_refused_at_compile(dtype):
+    """Fake tensors' meta kernels run an addmm of float64 (or int64) inputs and float32 weights, so a
+    float64 example was captured and planned, and the first call failed inside the plan ("mat1 and
+    mat2 must have the same dtype"), as eager does at once. Now compile refuses it, naming the op, the
+    module and the fix; without an example, the first call does (before any plan)."""
+    mlp, x = _mlp().eval(), torch.randn(8, 64).to(dtype)
+    named = rf"Sequential: aten.addmm, module 0 \(Linear\): reads {str(dtype)[6:]} and float32 tensors"
+    with pytest.raises(amp_compiler.ConversionError, match=named + r".*pass example inputs of that dtype"):
+        amp_compiler.compile(mlp, x)
+    am = amp_compiler.compile(mlp)
+    with pytest.raises(amp_compiler.ConversionError, match=named):
+        am(x)
+    assert am.plans == 0
+
+
+def test_meta_weights_or_inputs_are_refused_with_what_to_do():
+    """A model built under ``torch.device("meta")`` (or a meta example) failed deep in the capture with
+    "Tensor.item() cannot be called on meta tensors". Now one ``ValueError`` says what is meta and how
+    to materialise it; a meta model compiled without an example plans once ``to_empty`` + loaded."""
+    real = _mlp().eval()
+    with torch.device("meta"):
+        meta = _mlp().eval()
+    x = torch.randn(8, 64)
+    with pytest.raises(ValueError, match=r"the model's weights \(0.weight and 3 more\) are on the 'meta' device.*"
+                                         r"model.to_empty\(device=...\), then model.load_state_dict"):
+        amp_compiler.compile(meta, x)
+    with pytest.raises(ValueError, match=r"the example inputs are on the 'meta' device.*pass real tensors"):
+        amp_compiler.compile(real, x.to("meta"))
+    am = amp_compiler.compile(meta)
+    with pytest.raises(ValueError, match=r"are on the 'meta' device"):
+        am(x)
+    am.to_empty(device="cpu")
+    meta.load_state_dict(real.state_dict())
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no plan was made yet: nothing to say about new tensors
+        torch.testing.assert_close(am(x), real(x), atol=2e-2, rtol=2e-2)

@@ -419,3 +419,42 @@ def test_the_returned_loss_is_not_rounded_to_the_low_dtype_under_any_planner(dty
         assert abs(loss - reference) < 2e-2 * abs(reference), (planner, loss, reference)
         if planner == "all":
             assert step.report.summary["fp16_nodes"] > 0  # the GEMMs did run low
+
+
+def test_a_batch_of_a_dtype_the_model_refuses_is_refused_at_compile():
+    """A float64 batch for a float32 model was traced (meta kernels do not check dtypes) and planned; the
+    first step failed inside the graph. Now compile_training names the op and the dtype to pass."""
+    model = _mlp()
+    x, y = _batch()
+    with pytest.raises(ConversionError, match=r"compile_training: aten.addmm: reads float64 and float32 tensors.*"
+                                              r"pass batch inputs of that dtype"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x.double(), y))
+
+
+def test_a_meta_model_is_refused_with_what_to_do():
+    with torch.device("meta"):
+        model = _mlp()
+    with pytest.raises(ValueError, match=r"compile_training\(Sequential\): the model's weights .* 'meta' device.*"
+                                         r"to_empty"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), _batch())
+
+
+class _DataDependent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.sum() > 0:  # a branch on a value
+            return h * 2
+        return h
+
+
+def test_a_data_dependent_branch_names_the_line_and_the_fix():
+    """It had read "could not be captured as one graph: Could not guard on data-dependent expression
+    Eq(u0, 1)", naming neither; compile's message for the same model names both."""
+    model = _DataDependent()
+    with pytest.raises(ConversionError, match=r"_DataDependent, .*test_training.py:\d+ in forward: `if h.sum\(\) > 0:"
+                                              r".*data-dependent Python control flow.*torch.where/torch.cond"):
+        compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), _batch())

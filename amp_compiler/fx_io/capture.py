@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import logging
 import operator
 import os
@@ -201,7 +202,8 @@ def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -
         while tb is not None:
             code = tb.tb_frame.f_code
             if _user_file(code.co_filename):
-                where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+                line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+                where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}" + (f": `{line}`" if line else "")
             tb = tb.tb_next
     name = type(exc).__name__
     if name == "GuardOnDataDependentSymNode" or "data-dependent" in text:

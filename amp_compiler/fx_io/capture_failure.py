@@ -12,6 +12,7 @@ import torch
 from ..errors import ConversionError
 from .capture import failing_module
 from .model_checks import scripted_submodule
+from .operand_dtypes import OperandDtypeError
 from .plans import Plan
 
 
@@ -50,6 +51,9 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
             return plan, (out,)
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
     except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
+        refused = _operand_dtype_error(exc)
+        if refused is not None:  # the example, not the construct, is what to fix
+            raise OperandDtypeError(route.source, refused.where, refused.reason) from None
         inner = exc
         while inner.__cause__ is not None and not isinstance(inner, ConversionError):
             inner = inner.__cause__
@@ -64,6 +68,17 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
     raise ConversionError(route.source, f"{where}, {export_error.where}", f"{export_error.reason}; {dynamo}; next: "
                           f"{fix}, or compile the submodules that trace (amp_compiler.compile(model.<submodule>, "
                           f"...))") from export_error
+
+
+def _operand_dtype_error(exc: BaseException | None) -> OperandDtypeError | None:
+    """The ``OperandDtypeError`` our backend raised under ``exc`` (dynamo wraps it: ``inner_exception``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OperandDtypeError):
+            return exc
+        seen.add(id(exc))
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 __all__ = ["dynamo_or_raise", "grad_mode"]
