@@ -57,6 +57,7 @@ from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, 
 from .fx_io.operand_dtypes import OperandDtypeError
 from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan
 from .fx_io.serving import CAPTURE_LOCK
+from .user_frame import user_stacklevel
 from .report import Report
 
 BACKENDS = (None, "inductor")
@@ -110,12 +111,13 @@ class AmpModule(torch.nn.Module):
         if swapped:  # plans read the tensors they were captured with (model_checks.SwapWatch)
             if self.plans:
                 warnings.warn(f"amp_compiler: AmpModule({self._source}): {swapped} was replaced since its plans "
-                              f"were made, which read the old one's weights: planned again", stacklevel=5)
+                              f"were made, which read the old one's weights: planned again",
+                              stacklevel=user_stacklevel())
             self._drop_plans()
         self._follow_mode()
         first = isinstance(self._route, _FirstCall)
         if not first:  # a first call captures the hooks there are (and warns of them)
-            self._hooks.check("AmpModule")
+            self._hooks.check("AmpModule", stacklevel=user_stacklevel() + 1)
         plan, out = self._route.call(args, kwargs)
         if first:
             self._hooks.reset()
@@ -129,7 +131,8 @@ class AmpModule(torch.nn.Module):
             self._swaps.reset()
         if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
                 any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
-            self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})", stacklevel=5)
+            self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})",
+                                                              stacklevel=user_stacklevel() + 1)
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
@@ -212,11 +215,11 @@ class AmpModule(torch.nn.Module):
                 warnings.warn(f"amp_compiler: AmpModule({self._source}): {names} changed between calls "
                               f"{RESTLESS} times: taken as state, not a flag, so its changes no longer plan again "
                               f"(a branch on it keeps the value its plan was captured with; a value that varies by call "
-                              f"belongs in a tensor buffer, which the plans read)", stacklevel=4)
+                              f"belongs in a tensor buffer, which the plans read)", stacklevel=user_stacklevel())
                 return self._follow_mode()
             warnings.warn(f"amp_compiler: AmpModule({self._source}): {self._flags.describe(self._mode[2], key[2])} "
                           f"since its plans were made, which baked the old value in: planned again for the new "
-                          f"one (as torch.compile recompiles)", stacklevel=4)
+                          f"one (as torch.compile recompiles)", stacklevel=user_stacklevel())
         self._routes[self._mode] = self._route
         route = self._routes.pop(key, None) or self._route_for(key[0])
         self.__dict__.update(_route=route, _mode=key)

@@ -138,13 +138,23 @@ def test_a_module_or_parameter_replaced_after_compile_is_planned_again():
     for replace, named in ((lambda: mlp.__setitem__(2, torch.nn.Linear(64, 64).eval()), "2"),
                            (lambda: setattr(mlp[0], "weight", torch.nn.Parameter(torch.randn(64, 64))), "0.weight")):
         replace()
-        with torch.no_grad(), pytest.warns(UserWarning, match=rf"AmpModule\(Sequential\): {named} was replaced"):
+        with torch.no_grad(), pytest.warns(UserWarning, match=rf"AmpModule\(Sequential\): {named} was replaced") as said:
             out = am(x)
+        assert [w.filename for w in said] == [__file__]  # the user's line (user_frame.py), not torch's
         torch.testing.assert_close(out, mlp(x).detach(), atol=2e-2, rtol=2e-2)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("error")  # planned for the new one: said once
             am(x)
         assert am.plans == 1
+
+
+def test_a_warning_made_during_a_call_points_at_the_callers_line():
+    """The eval-mode-with-grad warning pointed into torch's module.py: a fixed stacklevel missed a
+    frame of ``torch.compiler.disable`` (``user_frame.user_stacklevel`` counts them)."""
+    am = amp_compiler.compile(_mlp().eval(), torch.randn(8, 64))
+    with pytest.warns(UserWarning, match="runs its eval-mode plan with grad mode on") as said:
+        am(torch.randn(8, 64))
+    assert [w.filename for w in said] == [__file__]
 
 
 def test_a_forward_that_replaces_its_own_buffer_is_not_planned_again():
