@@ -38,7 +38,7 @@ from .dtypes import normalize_low_dtype
 from .fx_io.autograd_functions import check_dynamo_graph
 from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
-from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.importer import import_graph_module, resolve_rule_names
 from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import beyond_fp16, finite_peak
 from .plan import make_context, run_passes
@@ -84,7 +84,7 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
              and isinstance(example_inputs[i], torch.Tensor) and beyond_fp16(example_inputs[i])}
     imp = import_graph_module(aten, source=source, training=bool(training), weights=weights,
                               default_dim=ctx.default_dim, input_peaks=peaks)
-    ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
+    resolve_rule_names(imp.graph, ctx, source, node_names=opts.get("deny_nodes") or ())
     result = run_passes(imp.graph, ctx, source, imp.dim_values)
     folded = emit(imp, result)
     report = build_report(result)  # after emission: counts the casts the emitter added

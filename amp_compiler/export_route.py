@@ -20,7 +20,7 @@ from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
                               views_as_reshapes)
 from .fx_io.emitter import emit
-from .fx_io.importer import aten_op_types, import_graph_module
+from .fx_io.importer import import_graph_module, resolve_rule_names
 from .fx_io.operand_dtypes import OperandDtypeError, check_operand_dtypes
 from .fx_io.plans import (Plan, PlanCache, beyond_fp16, call_key, call_structure, describe_key,
                           finite_peak, largest_sizes, leaf_shapes, varying_dims)
@@ -133,7 +133,7 @@ class ExportRoute:
         imp = import_graph_module(gm, source=self.source, training=o["training"], default_dim=o["default_dim"],
                                   input_peaks=_input_peaks(gm, args, kwargs), size_hints=hints)
         ctx = plan_context(o)
-        ctx.allow, ctx.deny = aten_op_types(imp.graph, ctx.allow), aten_op_types(imp.graph, ctx.deny)
+        resolve_rule_names(imp.graph, ctx, self.source, node_names=o.get("deny_nodes") or ())
         result = run_passes(imp.graph, ctx, self.source, imp.dim_values)
         folded = emit(imp, result)
         report = build_report(result)  # after emission: counts the casts the emitter added

@@ -28,24 +28,30 @@ from .errors import ConversionError
 from .ir import PrecisionGraph
 from .registry import Registry
 
-__all__ = ["check_rule_names"]
+__all__ = ["RuleNameError", "check_rule_names"]
+
+
+class RuleNameError(ConversionError):
+    """A rule value (op type, node name, pattern) that names nothing in the model."""
 
 
 def check_rule_names(graph: PrecisionGraph, source: str, registry: Registry, *, op_types: dict[str, Iterable[str]],
-                     node_names: Iterable[str] = (), patterns: dict[str, Iterable[str]] | None = None) -> None:
-    """Raise ``ConversionError`` (or warn) for rule values that match nothing in ``graph``.
+                     node_names: Iterable[str] = (), patterns: dict[str, Iterable[str]] | None = None,
+                     stacklevel: int = 4) -> None:
+    """Raise ``RuleNameError`` (or warn) for rule values that match nothing in ``graph``.
     ``op_types``: ``{"--deny": names, ...}``; ``node_names``: exact ``--deny-node`` names;
-    ``patterns``: ``{"--exclude-nodes": regexes, ...}``."""
+    ``patterns``: ``{"--exclude-nodes": regexes, ...}``; ``stacklevel``: the warning's, from here
+    (4: the caller of ``convert_onnx``, through ``gc_paused``)."""
     ops = [op for op in graph.ops.values() if not op.inserted]
     names = [op.name for op in ops]
     present = set(names)
     for name in node_names:
         if name not in present:
-            raise ConversionError(source, f"--deny-node {name}", f"no node is named {name!r}{_closest(name, names)}")
+            raise RuleNameError(source, f"--deny-node {name}", f"no node is named {name!r}{_closest(name, names)}")
     for option, values in (patterns or {}).items():
         for pattern in values:
             if not any(re.match(pattern, n) for n in names):
-                raise ConversionError(source, f"{option} {pattern!r}",
+                raise RuleNameError(source, f"{option} {pattern!r}",
                                       f"matches no node name (a pattern matches the start of the name, as "
                                       f"re.match does; prefix '.*' to match inside it){_closest(pattern, names)}")
     types = {n for op in ops for n in (op.op_type, op.canonical, f"{op.domain}::{op.op_type}" if op.domain else "") if n}
@@ -55,10 +61,10 @@ def check_rule_names(graph: PrecisionGraph, source: str, registry: Registry, *, 
                 continue
             if not _known(op_type, registry):
                 near = _closest(op_type, sorted(types)) or _closest(op_type, _known_types(registry))
-                raise ConversionError(source, f"{option} {op_type}", f"no op type {op_type!r} in ONNX or the "
+                raise RuleNameError(source, f"{option} {op_type}", f"no op type {op_type!r} in ONNX or the "
                                                                      f"registry{near}")
             warnings.warn(f"{source}: {option} {op_type}: the model has no {op_type} op; the option changes nothing",
-                          stacklevel=4)  # the caller of convert_onnx (through gc_paused)
+                          stacklevel=stacklevel)
 
 
 def _known(op_type: str, registry: Registry) -> bool:

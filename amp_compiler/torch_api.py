@@ -55,6 +55,7 @@ from .fx_io.mode import effective_training
 from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, signature, warn_if_hooked,
                                  warn_if_low_precision, warn_if_recurrent)
 from .fx_io.operand_dtypes import OperandDtypeError
+from .rule_names import RuleNameError
 from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan
 from .fx_io.serving import CAPTURE_LOCK
 from .user_frame import user_stacklevel
@@ -362,7 +363,8 @@ def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: An
     try:
         plan = route.first(args, kwargs)
     except ConversionError as export_error:
-        if dynamic_shapes is not None or isinstance(export_error, (CustomBackwardError, OperandDtypeError)):
+        if dynamic_shapes is not None or isinstance(export_error, (CustomBackwardError, OperandDtypeError,
+                                                                   RuleNameError)):
             raise  # the user asked for torch.export's symbolic shapes, or dynamo would capture the same
         route = DynamoRoute(model, opts, source, max_plans)  # dynamo runs hooks' side effects at each call
         return route, *dynamo_or_raise(route, model, args, kwargs, export_error, training)

@@ -227,7 +227,7 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
     from the step's inputs before each run)."""
     from .dtypes import normalize_low_dtype
     from .fx_io.emitter import emit
-    from .fx_io.importer import WeightSpec, import_graph_module
+    from .fx_io.importer import WeightSpec, import_graph_module, resolve_rule_names
     from .plan import make_context, run_passes
     from .plan_report import build_report
 
@@ -245,7 +245,9 @@ def plan_variant(setup: Setup, gm: torch.fx.GraphModule, variant: Variant, plan_
                 imp.graph.tensors[out].unscale_marker = True
     ir_of = {node.name: op for op, node in imp.nodes.items()}
     ours = {ir_of[n] for n in variant.fp32_nodes if n in ir_of}
-    ctx = make_context(dtype=low, training=True, deny_nodes=set(opts.pop("deny_nodes", ())) | ours, **opts)
+    users = tuple(opts.pop("deny_nodes", ()))
+    ctx = make_context(dtype=low, training=True, deny_nodes=set(users) | ours, **opts)
+    resolve_rule_names(imp.graph, ctx, source, node_names=users)  # names naming nothing: said, as on compile
     # said as what they are: they had read "node named by the user (--deny-node)" in the report
     ctx.deny_node_reasons = dict.fromkeys(ours, "deny: loss scaling and the optimizer's step arithmetic stay FP32 "
                                                 "(compile_training)")

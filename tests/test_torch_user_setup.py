@@ -4,12 +4,14 @@ inference (``fx_io/mode.py``), and a size argument of the wrong kind is named.""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
 
 import amp_compiler
+from amp_compiler.errors import ConversionError
 
 
 def test_parameters_cast_every_call_are_named_as_such():
@@ -221,3 +223,37 @@ def test_meta_weights_or_inputs_are_refused_with_what_to_do():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")  # no plan was made yet: nothing to say about new tensors
         torch.testing.assert_close(am(x), real(x), atol=2e-2, rtol=2e-2)
+
+
+class _Attend(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.softmax(self.a(x), -1))
+
+
+def test_rule_names_are_checked_and_onnx_spellings_name_their_ops():
+    """``deny=["sofmax"]``, ``allow=["gem"]``, ``deny_nodes=["nope"]`` planned as if not given, and
+    ``deny=["Softmax"]`` (the README's spelling) denied nothing: the torch path never checked names.
+    Now as on the ONNX path (``fx_io.importer.resolve_rule_names``)."""
+    model, x = _Attend().eval(), torch.randn(64, 64)
+    softmax = lambda am: next(o for o in am.report.ops if o["canonical"] == "softmax")  # noqa: E731
+    for spelling in ("Softmax", "softmax", "aten._softmax"):
+        am = amp_compiler.compile(model, x, deny=[spelling])
+        assert softmax(am)["precision"] == "float32" and "named by the user" in softmax(am)["reason"], spelling
+    for options, says in ((dict(deny=["sofmax"]), "deny sofmax: no op type 'sofmax' in ONNX or the registry; "
+                                                   "closest: 'softmax'"),
+                          (dict(allow=["gem"]), "closest: 'gemm'"),
+                          (dict(deny_nodes=["a/aten.adm"]), "no node is named 'a/aten.adm'; closest: 'a/aten.addmm'")):
+        with pytest.raises(ConversionError, match=re.escape(says)):
+            amp_compiler.compile(model, x, **options)
+    with pytest.warns(UserWarning, match="deny conv2d: the model has no conv2d op; the option changes nothing") as said:
+        amp_compiler.compile(model, x, deny=["conv2d"])
+    assert [w.filename for w in said] == [__file__]
+    loss = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
+    with pytest.raises(ConversionError, match="deny sofmax: no op type 'sofmax'"):
+        amp_compiler.compile_training(model.train(), loss, torch.optim.SGD(model.parameters(), lr=0.1), (x, x),
+                                      deny=["sofmax"])

@@ -13,6 +13,7 @@ from ..errors import ConversionError
 from .capture import failing_module
 from .model_checks import scripted_submodule
 from .operand_dtypes import OperandDtypeError
+from ..rule_names import RuleNameError
 from .plans import Plan
 
 
@@ -51,9 +52,9 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
             return plan, (out,)
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
     except Exception as exc:  # noqa: BLE001 - both routes failed: one readable error
-        refused = _operand_dtype_error(exc)
-        if refused is not None:  # the example, not the construct, is what to fix
-            raise OperandDtypeError(route.source, refused.where, refused.reason) from None
+        refused = _refusal(exc)
+        if refused is not None:  # the example or the options, not the construct, are what to fix
+            raise type(refused)(route.source, refused.where, refused.reason) from None
         inner = exc
         while inner.__cause__ is not None and not isinstance(inner, ConversionError):
             inner = inner.__cause__
@@ -70,11 +71,12 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
                           f"...))") from export_error
 
 
-def _operand_dtype_error(exc: BaseException | None) -> OperandDtypeError | None:
-    """The ``OperandDtypeError`` our backend raised under ``exc`` (dynamo wraps it: ``inner_exception``)."""
+def _refusal(exc: BaseException | None) -> OperandDtypeError | RuleNameError | None:
+    """The ``OperandDtypeError`` or ``RuleNameError`` our backend raised under ``exc`` (dynamo wraps it:
+    ``inner_exception``): the other route would refuse the same."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OperandDtypeError):
+        if isinstance(exc, (OperandDtypeError, RuleNameError)):
             return exc
         seen.add(id(exc))
         exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import operator
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -361,20 +362,58 @@ def _unique(name: str, taken: set[str]) -> str:
     return name
 
 
-def aten_op_types(graph: PrecisionGraph, names) -> frozenset[str]:
-    """``names`` plus the op types of the graph's ops that a short aten name names.
+def aten_op_types(graph: PrecisionGraph, names, registry: Registry = DEFAULT_REGISTRY) -> tuple[frozenset[str], set[str]]:
+    """(``names`` plus what they name in the graph, the names that name none of its ops).
 
     Users write ``"addmm"`` or ``"aten.addmm"``; the IR's op types are overloads
-    (``"aten.addmm.default"``), which the classify pass matches exactly.
+    (``"aten.addmm.default"``), which the classify pass matches exactly. An ONNX op type the
+    registry maps to a canonical op names it too (``"Softmax"``: ``softmax``), as on the ONNX path:
+    ``deny=["Softmax"]``, the README's spelling, had denied nothing here.
     """
     names = frozenset(names)
-    out = set(names)
+    out, matched = set(names), set()
+    for name in names:
+        row = registry.lookup_onnx("", name)
+        if row is not None:
+            out.add(row.canonical)
     for op in graph.ops.values():
         namespace, _, rest = op.op_type.partition(".")
         packet = rest.rpartition(".")[0] or rest
-        if packet in names or f"{namespace}.{packet}" in names:
+        named = names & {packet, f"{namespace}.{packet}", op.op_type, op.canonical or ""}
+        if named:
             out.add(op.op_type)
-    return frozenset(out)
+            matched |= named
+        if op.canonical in out:
+            matched |= {n for n in names if n not in matched and (row := registry.lookup_onnx("", n)) is not None
+                        and row.canonical == op.canonical}
+    return frozenset(out), set(names - matched)
 
 
-__all__ = ["FxImport", "WeightSpec", "aten_op_types", "dotted_path", "import_graph_module", "module_path"]
+def resolve_rule_names(graph: PrecisionGraph, ctx, source: str, node_names=()) -> None:
+    """Point ``ctx.allow``/``ctx.deny`` at the ops the user's names name (``aten_op_types``), and refuse
+    a name that names nothing ONNX or the registry knows, or a ``deny_nodes`` name no node has, or warn
+    that a real op type the model lacks changes nothing (``rule_names.check_rule_names``, as on the ONNX
+    path: ``deny=["sofmax"]`` had planned as if not given)."""
+    from ..rule_names import check_rule_names
+    from ..user_frame import user_stacklevel
+
+    registry = getattr(ctx, "registry", None) or DEFAULT_REGISTRY
+    ctx.allow, no_allow = aten_op_types(graph, ctx.allow, registry)
+    ctx.deny, no_deny = aten_op_types(graph, ctx.deny, registry)
+    for option, name in [("deny", n) for n in sorted(no_deny) if _is_aten(n)] + \
+                        [("allow", n) for n in sorted(no_allow) if _is_aten(n)]:
+        warnings.warn(f"{source}: {option} {name}: the model has no {name} op; the option changes nothing",
+                      stacklevel=user_stacklevel())
+    check_rule_names(graph, source, registry, op_types={"deny": sorted(n for n in no_deny if not _is_aten(n)),
+                                                        "allow": sorted(n for n in no_allow if not _is_aten(n))},
+                     node_names=node_names, stacklevel=user_stacklevel() + 1)
+
+
+def _is_aten(name: str) -> bool:
+    """Whether ``name`` (``addmm``, ``aten.addmm``, ``aten.addmm.default``) is an aten op."""
+    packet = name.removeprefix("aten.").split(".")[0]
+    return bool(packet) and hasattr(torch.ops.aten, packet)
+
+
+__all__ = ["FxImport", "WeightSpec", "aten_op_types", "dotted_path", "import_graph_module", "module_path",
+           "resolve_rule_names"]
