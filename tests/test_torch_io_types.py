@@ -92,8 +92,12 @@ def test_decoder_steps_take_caches_in_either_dtype(options):
 
 
 def test_a_float64_model_is_reported_not_planned_and_why():
+    """Said at compile too: the report's first line had been the only word of it, where ``.half()``
+    warned (``model_checks.warn_if_low_precision``)."""
     model = torch.nn.Linear(256, 256).double().eval()
-    amp = amp_compiler.compile(model, torch.randn(8, 256, dtype=torch.float64))
+    with pytest.warns(UserWarning, match=r"compile\(Linear\): 2 of 2 floating parameters are torch.float64, not "
+                                         r"float32; .*float64 ops are not planned: .*call model.float\(\)"):
+        amp = amp_compiler.compile(model, torch.randn(8, 256, dtype=torch.float64))
     gemm = next(op for op in amp.report.ops if "addmm" in op["op_type"] or "mm" in op["op_type"])
     assert gemm["precision"] == "n/a" and "runs in float64" in gemm["reason"]
     why = amp.report.summary["fp32_tensor_core_why"]

@@ -154,16 +154,19 @@ def _named(found: list[str]) -> str:
 
 def warn_if_low_precision(model: torch.nn.Module, entry: str, stacklevel: int = 3,
                           fix: str = "call model.float() before compiling") -> None:
-    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` before compiling,
-    or on the compiled module: ``fix`` says what to do)."""
+    """Warn when most floating parameters of ``model`` are not float32 (``model.half()`` or ``.double()``
+    before compiling, or on the compiled module: ``fix`` says what to do). A float64 model had been left
+    all float64, unplanned, with the report's first line the only word of it."""
     dtypes = Counter(p.dtype for p in model.parameters() if p.is_floating_point())
-    low = sum(n for dtype, n in dtypes.items() if dtype in (torch.float16, torch.bfloat16))
-    if not low or low * 2 < sum(dtypes.values()):
+    other = sum(n for dtype, n in dtypes.items() if dtype != torch.float32)
+    if not other or other * 2 < sum(dtypes.values()):
         return
-    dtype = max((d for d in dtypes if d in (torch.float16, torch.bfloat16)), key=dtypes.__getitem__)
-    warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {low} of {sum(dtypes.values())} floating "
+    dtype = max((d for d in dtypes if d != torch.float32), key=dtypes.__getitem__)
+    stays = ("float64 ops are not planned: nothing runs in reduced precision" if dtype == torch.float64 else
+             f"these stay {dtype}")
+    warnings.warn(f"amp_compiler.{entry}({type(model).__name__}): {other} of {sum(dtypes.values())} floating "
                   f"parameters are {dtype}, not float32; mixed precision plans from FP32 weights (the ops it keeps "
-                  f"FP32, training's master weights and optimizer), so these stay {dtype}: {fix}", stacklevel=stacklevel)
+                  f"FP32, training's master weights and optimizer), so {stays}: {fix}", stacklevel=stacklevel)
 
 
 def scripted_submodule(model: torch.nn.Module) -> str:
