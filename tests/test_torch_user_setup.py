@@ -257,3 +257,27 @@ def test_rule_names_are_checked_and_onnx_spellings_name_their_ops():
     with pytest.raises(ConversionError, match="deny sofmax: no op type 'sofmax'"):
         amp_compiler.compile_training(model.train(), loss, torch.optim.SGD(model.parameters(), lr=0.1), (x, x),
                                       deny=["sofmax"])
+
+
+def test_transformers_output_recording_hooks_are_not_taken_for_the_users():
+    """A BERT called once with ``output_hidden_states=True`` (comparing with eager) gets transformers'
+    output-recording hooks for good: the next call and any later compile warned of forward hooks
+    "not called", which the user never registered, while the hidden states came back right."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=32)
+    model, ids = transformers.BertModel(config).eval(), torch.randint(1, 128, (2, 10))
+    with torch.no_grad():
+        am = amp_compiler.compile(model, example_kwargs=dict(input_ids=ids))
+        am(input_ids=ids)
+        expected = model(input_ids=ids, output_hidden_states=True).hidden_states
+        assert any(m._forward_hooks for m in model.modules())  # transformers' own, installed now
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = am(input_ids=ids, output_hidden_states=True).hidden_states
+            amp_compiler.compile(model, example_kwargs=dict(input_ids=ids))(input_ids=ids)
+    assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, expected))
+    model.encoder.layer[0].register_forward_hook(lambda *_: None)  # the user's own is still said
+    with torch.no_grad(), pytest.warns(UserWarning, match="forward hook registered on encoder.layer.0 after compiling"):
+        am(input_ids=ids)

@@ -77,10 +77,22 @@ def warn_if_recurrent(model: torch.nn.Module, entry: str, stacklevel: int = 3) -
                       f"compile the modules around it", stacklevel=stacklevel)
 
 
+#: modules whose hooks only record outputs a forward returns when asked: transformers installs them the
+#: first time a model is called with ``output_hidden_states``/``output_attentions``, and the capture
+#: returns what they record, so a warning that they "are not called" (no hook of the user's) was false
+_OUTPUT_RECORDERS = ("transformers.utils.output_capturing",)
+
+
 def hook_ids(model: torch.nn.Module) -> dict[int, str]:
-    """The handle ids of the forward hooks and pre-hooks on ``model``'s modules, with the module's name."""
+    """The handle ids of the forward hooks and pre-hooks on ``model``'s modules, with the module's name
+    (less the libraries' output recorders, ``_OUTPUT_RECORDERS``)."""
     return {hid: name or "<root>" for name, m in model.named_modules()
-            for hid in (*m._forward_hooks, *m._forward_pre_hooks)}
+            for hid, hook in (*m._forward_hooks.items(), *m._forward_pre_hooks.items()) if not _recorder(hook)}
+
+
+def _recorder(hook) -> bool:
+    fn = getattr(hook, "func", hook)  # a functools.partial's function
+    return getattr(fn, "__module__", "") in _OUTPUT_RECORDERS
 
 
 def warn_if_hooked(model: torch.nn.Module, entry: str, stacklevel: int = 3) -> None:
