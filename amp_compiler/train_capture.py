@@ -25,6 +25,7 @@ from . import loss_scale as ls
 from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import capture_error
+from .fx_io.capture_failure import tracing_quiet
 from .fx_io.swap import swapped
 
 
@@ -172,7 +173,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
     try:
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable
         # paths (transformers' MoE experts call a custom op, not grouped_mm, whose meta kernel wants BF16)
-        with fopt.compiling():
+        with fopt.compiling(), tracing_quiet():  # a failure is our one error, not fake_tensor's logs
             if dynamic:
                 return _trace_symbolic(step, example, len(batch), dynamic)
             return Traced(make_fx(step, tracing_mode="fake")(*example))  # one fake mode for every node's meta

@@ -59,23 +59,31 @@ def test_compile_names_a_default_dim_of_the_wrong_kind():
         amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 8), default_dim="8")
 
 
-def test_an_example_the_model_cannot_run_is_one_error_without_torchs_tracebacks():
+@pytest.mark.parametrize("entry", ["compile", "compile_training"])
+def test_an_example_the_model_cannot_run_is_one_error_without_torchs_tracebacks(entry):
     """A wrong example shape failed both routes with our one ConversionError, after 282 lines of
     fake-tensor tracebacks torch's loggers printed on stderr (a process of its own: torch's log
-    handler holds the stderr it found at import)."""
+    handler holds the stderr it found at import); compile_training's trace printed them too. And
+    uncaught, the error printed torch.export's and dynamo's chained tracebacks, 255 lines: torch's
+    exceptions stay its unprinted ``__context__``."""
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("import torch, amp_compiler\n"
-            "try:\n"
-            "    amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 9))\n"
-            "except amp_compiler.ConversionError as exc:\n"
-            "    print('refused:', exc)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
+    call = ("amp_compiler.compile(torch.nn.Linear(8, 8), torch.ones(2, 9))" if entry == "compile" else
+            "m = torch.nn.Linear(8, 8); amp_compiler.compile_training(m, lambda o, t: ((o - t) ** 2).mean(), "
+            "torch.optim.SGD(m.parameters(), lr=0.1), (torch.ones(2, 9), torch.ones(2, 8)))")
+    root = Path(__file__).resolve().parents[1]
+    caught = f"import torch, amp_compiler\ntry:\n    {call}\nexcept amp_compiler.ConversionError as exc:\n" \
+             f"    print('refused:', exc)\n"
+    done = subprocess.run([sys.executable, "-c", caught], capture_output=True, text=True, timeout=300, cwd=root)
     assert "refused:" in done.stdout and "a and b must have same reduction dim" in done.stdout, done.stdout
     assert "Traceback" not in done.stderr and "fake_tensor" not in done.stderr, done.stderr[:2000]
+    uncaught = subprocess.run([sys.executable, "-c", f"import torch, amp_compiler\n{call}\n"], capture_output=True,
+                              text=True, timeout=300, cwd=root)
+    assert uncaught.returncode == 1 and uncaught.stderr.count("Traceback") == 1, uncaught.stderr[:3000]
+    assert uncaught.stderr.rstrip().splitlines()[-1].startswith("amp_compiler.errors.ConversionError: ")
+    assert len(uncaught.stderr.splitlines()) < 30, uncaught.stderr[:3000]
 
 
 def _mlp():

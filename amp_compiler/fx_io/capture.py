@@ -82,7 +82,7 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
                 program = torch.export.export(model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes,
                                               strict=False)
         except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
-            raise capture_error(exc, source) from exc
+            raise capture_error(exc, source) from None  # torch's traceback stays the (unprinted) __context__
     table = _decompositions()
     if training:
         check_recorded(functions, source)
@@ -94,7 +94,7 @@ def export_graph(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, so
             program = program.run_decompositions(table)
             return program.module()
     except Exception as exc:  # noqa: BLE001 - every capture failure becomes one readable error
-        raise capture_error(exc, source) from exc
+        raise capture_error(exc, source) from None
 
 
 def _detach_no_grad_regions(gm: fx.GraphModule) -> None:
@@ -305,7 +305,7 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
             if any(n.op == "call_function" and writes_arguments(n.target) for n in traced.graph.nodes):
                 traced = trace(torch.func.functionalize(fx.Interpreter(traced).run, remove="mutations"))
     except Exception as exc:  # noqa: BLE001
-        raise capture_error(exc, source, "make_fx (retracing dynamo's graph)") from exc
+        raise capture_error(exc, source, "make_fx (retracing dynamo's graph)") from None
     return traced
 
 

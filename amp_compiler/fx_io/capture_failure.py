@@ -27,9 +27,9 @@ _TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch._in
 
 
 @contextlib.contextmanager
-def _tracing_quiet() -> Iterator[None]:
-    """The example call's capture without torch's own error logs: a failure becomes our one error
-    (the traceback stays on its chained exception); later calls log as torch does."""
+def tracing_quiet() -> Iterator[None]:
+    """A capture (the example call's, a training step's trace) without torch's own error logs: a failure
+    becomes our one error (the traceback stays on its chained exception); later calls log as torch does."""
     loggers = [logging.getLogger(name) for name in _TRACING_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -46,7 +46,7 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
     """The dynamo route's plan of the example call and ``(output,)`` (run once to compile), or one error
     naming module and construct."""
     try:
-        with grad_mode(training), _tracing_quiet():
+        with grad_mode(training), tracing_quiet():
             plan, out = route.call(args, kwargs)
         if plan.report is not None:
             return plan, (out,)
@@ -66,9 +66,11 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
            f"before scripting it") if scripted else (
         "make that construct traceable (torch.where/torch.cond for a branch on values, a pytree registration "
         "for a custom output type)")
-    raise ConversionError(route.source, f"{where}, {export_error.where}", f"{export_error.reason}; {dynamo}; next: "
-                          f"{fix}, or compile the submodules that trace (amp_compiler.compile(model.<submodule>, "
-                          f"...))") from export_error
+    error = ConversionError(route.source, f"{where}, {export_error.where}", f"{export_error.reason}; {dynamo}; next: "
+                            f"{fix}, or compile the submodules that trace (amp_compiler.compile(model.<submodule>, "
+                            f"...))")
+    error.__context__ = export_error  # torch's tracebacks, for a debugger, not printed: one line uncaught too
+    raise error from None
 
 
 def _refusal(exc: BaseException | None) -> OperandDtypeError | RuleNameError | None:
@@ -83,4 +85,4 @@ def _refusal(exc: BaseException | None) -> OperandDtypeError | RuleNameError | N
     return None
 
 
-__all__ = ["dynamo_or_raise", "grad_mode"]
+__all__ = ["dynamo_or_raise", "grad_mode", "tracing_quiet"]
