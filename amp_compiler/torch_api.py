@@ -38,7 +38,7 @@ import copy
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -324,6 +324,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
                 profile=profile, deny_propagation=deny_propagation, backend=backend,
                 deploy=deploy, objective=objective)
     plan_context(opts)  # bad options fail before any capture
+    _check_not_kwargs(model, example_inputs, example_kwargs)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     source = type(model).__name__
@@ -351,6 +352,20 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     amp = AmpModule(model, route, source, options, route_for, recompile)
     amp.__dict__["_last"] = plan
     return amp
+
+
+def _check_not_kwargs(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any) -> None:
+    """A ``TypeError`` for ``example_inputs={"input_ids": ids}`` meant as keyword arguments: its keys
+    name the forward's parameters (it had failed on "'dict' object has no attribute 'size'")."""
+    if not isinstance(example_inputs, Mapping) or example_kwargs or not example_inputs:
+        return
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return
+    if all(isinstance(k, str) and k in params for k in example_inputs):
+        raise TypeError(f"amp_compiler.compile({type(model).__name__}): example_inputs is a dict of the forward's "
+                        f"keyword arguments ({', '.join(example_inputs)}): pass it as example_kwargs=...")
 
 
 def _capture(model: torch.nn.Module, opts: dict, source: str, dynamic_shapes: Any, max_plans: int, training: bool,

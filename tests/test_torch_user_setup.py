@@ -289,3 +289,24 @@ def test_transformers_output_recording_hooks_are_not_taken_for_the_users():
     model.encoder.layer[0].register_forward_hook(lambda *_: None)  # the user's own is still said
     with torch.no_grad(), pytest.warns(UserWarning, match="forward hook registered on encoder.layer.0 after compiling"):
         am(input_ids=ids)
+
+
+def test_keyword_examples_given_as_example_inputs_are_named_as_such():
+    """``example_inputs={"x": x}`` (meant as ``example_kwargs``) failed deep in the capture on "'dict' object
+    has no attribute 'size'"; a forward that takes a dict positionally is left alone."""
+
+    class TakesDict(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, batch):
+            return self.lin(batch["x"])
+
+    x = torch.randn(8, 64)
+    with pytest.raises(TypeError, match=r"example_inputs is a dict of the forward's keyword arguments \(input\): "
+                                        r"pass it as example_kwargs="):
+        amp_compiler.compile(_mlp().eval(), {"input": x})
+    with torch.no_grad():
+        out = amp_compiler.compile(TakesDict().eval(), {"x": x})({"x": x})
+    assert out.shape == (8, 64)
