@@ -145,9 +145,10 @@ def test_module_paths_and_dynamo_sources_read_as_dotted_paths():
 
 def test_short_aten_names_expand_to_the_graph_overloads():
     imp = _imported(Casts().eval(), _inputs())
-    assert "aten.addmm.default" in aten_op_types(imp.graph, ["addmm"])
-    assert "aten.addmm.default" in aten_op_types(imp.graph, ["aten.addmm"])
-    assert aten_op_types(imp.graph, ["gemm"]) == frozenset({"gemm"})  # canonical names pass through
+    for name in ("addmm", "aten.addmm", "gemm", "Gemm"):  # short aten, canonical, ONNX spelling
+        named, unmatched = aten_op_types(imp.graph, [name])
+        assert "aten.addmm.default" in named and name in named and unmatched == set(), name
+    assert aten_op_types(imp.graph, ["gemm", "conv"])[1] == {"conv"}  # names naming nothing are returned
 
 
 def test_capture_errors_name_the_user_line():

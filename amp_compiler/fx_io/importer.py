@@ -371,21 +371,16 @@ def aten_op_types(graph: PrecisionGraph, names, registry: Registry = DEFAULT_REG
     ``deny=["Softmax"]``, the README's spelling, had denied nothing here.
     """
     names = frozenset(names)
-    out, matched = set(names), set()
-    for name in names:
-        row = registry.lookup_onnx("", name)
-        if row is not None:
-            out.add(row.canonical)
+    onnx_named = {name: row.canonical for name in names if (row := registry.lookup_onnx("", name)) is not None}
+    out, matched = set(names) | set(onnx_named.values()), set()
     for op in graph.ops.values():
         namespace, _, rest = op.op_type.partition(".")
         packet = rest.rpartition(".")[0] or rest
-        named = names & {packet, f"{namespace}.{packet}", op.op_type, op.canonical or ""}
+        named = (names & {packet, f"{namespace}.{packet}", op.op_type, op.canonical or ""}) | \
+            {name for name, canonical in onnx_named.items() if canonical == op.canonical}
         if named:
             out.add(op.op_type)
             matched |= named
-        if op.canonical in out:
-            matched |= {n for n in names if n not in matched and (row := registry.lookup_onnx("", n)) is not None
-                        and row.canonical == op.canonical}
     return frozenset(out), set(names - matched)
 
 
