@@ -19,8 +19,6 @@ import io
 import linecache
 import logging
 import operator
-import os
-import re
 import sys
 import warnings
 from typing import Any, Sequence
@@ -30,6 +28,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..errors import ConversionError
+from ..user_frame import is_user_file, user_line
 from .autograd_functions import check_recorded, recording_functions
 from .importer import WeightSpec, dotted_path
 from .schemas import writes_arguments
@@ -178,30 +177,15 @@ def input_symbols(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[tuple[i
     return out
 
 
-_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.partition(".")[0]]))
-
-
-def _user_file(path: str) -> bool:
-    """A frame of the user's code: not torch's, not this package's, not generated (``<string>``)."""
-    return not path.startswith("<") and not os.path.abspath(path).startswith(_LIBRARIES)
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)(?:\n    (\S.*))?')
-
-
 def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -> ConversionError:
     """A ``ConversionError`` naming the construct and the user's line that torch could not capture."""
     text = str(exc)
-    frames = [m for m in _FRAME.finditer(text) if _user_file(m.group(1))]
-    where = ""
-    if frames:
-        f = frames[-1]
-        where = f"{f.group(1)}:{f.group(2)} in {f.group(3)}" + (f": `{f.group(4).strip()}`" if f.group(4) else "")
-    else:
+    where = user_line(text)
+    if not where:
         tb = exc.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code
-            if _user_file(code.co_filename):
+            if is_user_file(code.co_filename):
                 line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
                 where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}" + (f": `{line}`" if line else "")
             tb = tb.tb_next

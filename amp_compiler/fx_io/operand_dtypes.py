@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from ..errors import ConversionError
-from .capture import _FRAME, _user_file
+from ..user_frame import user_line
 from .importer import module_path
 
 #: ops whose tensor operands must share one dtype (their first ``n`` arguments; None: all)
@@ -64,10 +64,9 @@ def _where(node: fx.Node) -> str:
         cls = list(stack.values())[-1][1]
         parts.append(f"module {module_path(node) or '<root>'} "
                      f"({getattr(cls, '__name__', str(cls).rsplit('.', 1)[-1])})")
-    frames = [m for m in _FRAME.finditer(node.meta.get("stack_trace") or "") if _user_file(m.group(1))]
-    if frames:
-        f = frames[-1]
-        parts.append(f"{f.group(1)}:{f.group(2)}" + (f" `{f.group(4).strip()}`" if f.group(4) else ""))
+    line = user_line(node.meta.get("stack_trace") or "")
+    if line:
+        parts.append(line)
     return ", ".join(parts)
 
 
