@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import ModelProto
 
 from .errors import ConversionError
@@ -171,7 +172,6 @@ def _loaded_whole(model: ModelProto | str, data_dir: str | None, exc: Exception)
     the whole fits in one protobuf; else None."""
     if _EXTERNAL_SHAPE_INPUT not in str(exc) or not (isinstance(model, str) or data_dir is not None):
         return None
-    import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
     if isinstance(model, str):
@@ -269,7 +269,8 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     emulated = low == "bfloat16" and runner is run_model and declares_bf16(converted)  # no BF16 kernels on CPU
     converted_runner = functools.partial(run_model, bf16_file=True) if emulated else runner
     outputs, overflows = [], []
-    for label, variant in branch_feeds(graph, feeds):
+    variants = branch_feeds(graph, feeds)
+    for label, variant in variants:
         try:
             if probed is not None:  # the overflow check rides on the same two runs (``overflow.py``)
                 (fp32, fp32_runner), (low_model, low_runner) = probed
@@ -289,7 +290,7 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     if probed is not None and runner is run_model:
         _loads_as_is(original, converted)
     failing = {o["name"] for o in outputs if not o["max_rel_error"] <= tolerance}
-    if failing and len(branch_feeds(graph, feeds)) == 1:
+    if failing and len(variants) == 1:
         notes = undetermined_selections(original, failing, feeds, tolerance, runner)
         for row in outputs:
             if row["name"] in notes:
@@ -310,7 +311,7 @@ def undetermined_selections(original: ModelProto | str, names: set[str], feeds: 
     indices whose FP32 scores tie closer than ``tolerance`` (``onnx_io/selection.py``): rounding
     within the budget may reorder them. One FP32 run exposing the scores, only where such an output
     is among ``names``."""
-    model = original if isinstance(original, ModelProto) else _load(original)
+    model = original if isinstance(original, ModelProto) else onnx.load(original)
     selected = {name: sel for name, sel in index_selected_outputs(model).items() if name in names}
     if not selected:
         return {}
@@ -326,12 +327,6 @@ def undetermined_selections(original: ModelProto | str, names: set[str], feeds: 
                            f"magnitude, closer than the tolerance {tolerance:g}: rounding within it may reorder them, "
                            f"so this output's error is not counted (validate on real inputs: --inputs FILE.npz)")
     return notes
-
-
-def _load(path: str) -> ModelProto:
-    import onnx
-
-    return onnx.load(path)
 
 
 def _source_rejects(exc: ConversionError, graph: ModelProto, feeds: dict[str, np.ndarray],
@@ -384,8 +379,6 @@ def _probed_pair(original: ModelProto | str, converted: ModelProto | str, runner
     """((model, runner), (model, runner)) for the overflow check's exposed runs, or None where a model
     in memory refers to external data it does not hold. A file's graph is read without its tensor data,
     which ONNX Runtime reads from the file's folder (a dynamo export keeps its weights in ``.data``)."""
-    import onnx
-
     pair = []
     for m in (original, converted):
         if isinstance(m, str):
@@ -414,8 +407,6 @@ def branch_feeds(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[tuple[
 
 def _graph_only(model: ModelProto | str) -> ModelProto:
     if isinstance(model, str):
-        import onnx
-
         return onnx.load(model, load_external_data=False)
     return model
 
