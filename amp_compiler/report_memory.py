@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from .dtypes import FLOAT32, LOW_PRECISION, is_float, itemsize
 from .ir import CONSTANT, GRAPH_INPUT, PARAMETER, PrecisionGraph
 from .registry import DEFAULT_REGISTRY
@@ -96,9 +98,21 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
     return {f"predicted_memory_activations_{s}_bytes": peak for s, peak in activation_peaks(table, ops, casts).items()}
 
 
+def peak_bytes(first: list[int], final: list[int], nbytes: list[int], steps: int) -> int:
+    """The largest sum of ``nbytes`` alive at once, each alive from ``first`` to ``final``
+    (inclusive) of ``steps`` op positions; 0 for none."""
+    if len(nbytes) == 0:
+        return 0
+    deltas = np.zeros(steps + 1, dtype=np.int64)
+    sizes = np.asarray(nbytes, dtype=np.int64)
+    np.add.at(deltas, np.asarray(first, dtype=np.int64), sizes)
+    np.add.at(deltas, np.asarray(final, dtype=np.int64) + 1, -sizes)
+    return max(int(np.cumsum(deltas).max()), 0)
+
+
 def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> dict[str, int]:
     """Peak live bytes in each scenario (``SCENARIOS``), sweeping the op order once (the planner
-    prices a plan not yet applied with the same walk: ``passes/plan_memory.py``)."""
+    prices a plan not yet applied with the same rules: ``passes/plan_memory.py``)."""
     cast_outputs = {c.get("output"): c.get("tensor") for c in casts  # inserted ones: the source's are ops
                     if _is_mapping(c) and c.get("output") and c.get("inserted", True)}
     start: dict[str, int] = {}
@@ -118,18 +132,19 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
                 end[root(cast_outputs[name])] = i  # without the cast (FP32, all-FP16) the op reads the source
             end[root(name)] = i
         outputs = op.get("outputs") or ()
-        if _is_view(op) and outputs and op.get("inputs") and op["inputs"][0] in table:
+        if is_view(op.get("canonical")) and outputs and op.get("inputs") and op["inputs"][0] in table:
             view_of[outputs[0]] = op["inputs"][0]
-            if table.get(outputs[0], {}).get("graph_output"):
-                end[root(outputs[0])] = last
             continue
         for name in outputs:
             start.setdefault(name, i)
             end.setdefault(name, i)
+    for name in view_of:
+        if table.get(name, {}).get("graph_output"):
+            end[root(name)] = last  # a view that is a graph output keeps its storage to the end
     for name, src in cast_outputs.items():
         if name not in start and root(src) in end:  # a cast nobody reads: it writes a graph output
             start[name] = end[root(src)]
-    deltas = {s: [0] * (len(ops) + 1) for s in SCENARIOS}
+    spans: dict[str, tuple[list, list, list]] = {s: ([], [], []) for s in SCENARIOS}
     for name, t in table.items():
         if t.get("kind") == WEIGHT or name in view_of or name not in end and not t.get("graph_output"):
             continue
@@ -143,22 +158,18 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
             sizes["fp32"] = 4 * numel
             sizes["all_fp16"] = 2 * numel if t.get("dtype") in _PLANNED else numel * itemsize(t.get("dtype"))
         for s, nbytes in sizes.items():
-            deltas[s][first] += nbytes
-            deltas[s][final + 1] -= nbytes
-    out = {}
-    for s in SCENARIOS:
-        live = peak = 0
-        for d in deltas[s]:
-            live += d
-            if live > peak:  # max() as a call per op costs more than the walk
-                peak = live
-        out[s] = peak
-    return out
+            firsts, finals, sizes_of = spans[s]
+            firsts.append(first)
+            finals.append(final)
+            sizes_of.append(nbytes)
+    return {s: peak_bytes(*spans[s], steps=len(ops)) for s in SCENARIOS}
 
 
-def _is_view(op: Mapping) -> bool:
-    row = DEFAULT_REGISTRY.by_canonical.get(op.get("canonical") or "")
+def is_view(canonical: str | None) -> bool:
+    """Whether the op holds no storage of its own (the registry's ``traffic: alias``: reshape, ...)."""
+    row = DEFAULT_REGISTRY.by_canonical.get(canonical or "")
     return row is not None and row.traffic == "alias"
 
 
-__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "fill_memory", "predicted_memory", "tensor_table"]
+__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "fill_memory", "is_view", "peak_bytes",
+           "predicted_memory", "tensor_table"]

@@ -128,6 +128,25 @@ def test_a_view_shares_its_source_storage():
     assert s["predicted_memory_activations_fp32_bytes"] == 2 * 64 * n * 4  # a view counted would make it 3
 
 
+def test_a_view_returned_as_an_output_keeps_its_source_to_the_end():
+    """x -> MatMul -> Reshape (graph output v) -> Relu -> Sigmoid: v is returned, so h (its storage)
+    lives to the end, beside y and z; a read of v by the Relu had ended h there."""
+    n = 1000
+    w = numpy_helper.from_array(np.full((n, n), 0.01, np.float32), "W")
+    shape = numpy_helper.from_array(np.array([64 * n], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Reshape", ["h", "shape"], ["v"], name="view"),
+             helper.make_node("Relu", ["v"], ["y"], name="r"),
+             helper.make_node("Sigmoid", ["y"], ["z"], name="s")]
+    out = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [64 * n]) for name in ("v", "z")]
+    g = helper.make_graph(nodes, "view", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])], out,
+                          [w, shape])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    _, report = convert_onnx(model, planner="all", keep_io_types=False)  # v the view's own output
+    s = report.summary
+    assert s["predicted_memory_activations_fp32_bytes"] == 3 * 64 * n * 4  # h, y and z at the Sigmoid
+
+
 def test_casts_of_the_source_model_count_in_every_scenario():
     """x -> Cast(FP16) -> Relu -> Cast(FP32) -> y: the model's own casts are ops, in FP32 and all-FP16 too."""
     nodes = [helper.make_node("Cast", ["x"], ["h"], name="c1", to=TensorProto.FLOAT16),
