@@ -392,29 +392,40 @@ def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> 
     return all_low_time(graph, ctx, timer)
 
 
+def _why(ctx: PlanContext, decided: tuple) -> str:
+    """Why a unit got its dtype: the planner's rule, or the cost model's numbers ``(low?, t32,
+    tlow, d_op, d_cast)`` (``flip_delta``: what switching it alone would change)."""
+    low = short(ctx.low_dtype)
+    if ctx.planner == "greedy":
+        return "greedy painter: " + ("allow op or between low ops" if decided[0] else "not between low ops")
+    if ctx.planner == "all":
+        return f"planner 'all': every eligible op in {low}"
+    is_low, t32, tlow, d_op, d_cast = decided
+    if is_low:
+        return (f"cost model: {_fmt_us(tlow)} in {low} vs {_fmt_us(t32)} in fp32"
+                + (f", FP32 would add {_fmt_us(d_cast)} of casts" if d_cast > 0 else ""))
+    return (f"kept FP32 by the cost model: {low} would save {_fmt_us(max(-d_op, 0.0))} "
+            f"of compute but add {_fmt_us(d_cast)} of casts" if d_cast > 0 else
+            f"kept FP32 by the cost model: {_fmt_us(t32)} in fp32 vs {_fmt_us(tlow)} in {low}")
+
+
 def _fmt_us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
 def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int]) -> None:
     low = ctx.low_dtype
+    reasons: dict[tuple, str] = {}  # units alike (repeated layers) share their wording
     for u, names in energy.unit_ops.items():
         precision = low if plan[u] else FLOAT32
-        t32, tlow = energy.time_fp32[u], energy.time_low[u]
-        d_op, d_cast = energy.flip_delta(u, plan)
         op = graph.ops[names[0]]
-        if ctx.planner == "greedy":
-            why = "greedy painter: " + ("allow op or between low ops" if plan[u] else "not between low ops")
-        elif ctx.planner == "all":
-            why = f"planner 'all': every eligible op in {short(low)}"
-        elif plan[u]:
-            why = (f"cost model: {_fmt_us(tlow)} in {short(low)} vs {_fmt_us(t32)} in fp32"
-                   + (f", FP32 would add {_fmt_us(d_cast)} of casts" if d_cast > 0 else ""))
+        if ctx.planner == "optimal":
+            key = (op.op_class, plan[u], energy.time_fp32[u], energy.time_low[u], *energy.flip_delta(u, plan))
         else:
-            why = (f"kept FP32 by the cost model: {short(low)} would save {_fmt_us(max(-d_op, 0.0))} "
-                   f"of compute but add {_fmt_us(d_cast)} of casts" if d_cast > 0 else
-                   f"kept FP32 by the cost model: {_fmt_us(t32)} in fp32 vs {_fmt_us(tlow)} in {short(low)}")
-        reason = f"{op.op_class}: {why}"
+            key = (op.op_class, plan[u])
+        reason = reasons.get(key)
+        if reason is None:
+            reason = reasons[key] = f"{op.op_class}: {_why(ctx, key[1:])}"
         for name in names:
             graph.ops[name].precision = precision
             graph.ops[name].reason = reason
