@@ -25,7 +25,7 @@ from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
 from .fx_io.flags import RESTLESS, FlagWatch
-from .fx_io.model_checks import HookWatch, refuse_meta, warn_if_hooked, warn_if_low_precision
+from .fx_io.model_checks import HookWatch, SwapWatch, refuse_meta, warn_if_hooked, warn_if_low_precision
 from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import largest_sizes, varying_dims
 from .plan import make_context
@@ -77,13 +77,18 @@ class TrainStep:
         self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
         self._flags = FlagWatch(self.model)  # Python flags the trace bakes in: part of the key (fx_io/flags.py)
         self._select(tuple(example_batch))
+        self._swaps = SwapWatch(self.model)  # after the first capture, whose forward may set attributes
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         self._check_batch(batch)
         self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
+        self._check_not_replaced()
+        n_captures = len(self._captures)
         cap = self._select(batch)
+        if len(self._captures) != n_captures:  # a capture runs the forward's Python, which may set attributes
+            self._swaps.reset()
         v = cap.variant
         flat = self._flat_inputs(batch, v)
         outputs = list(cap.runner(*flat))
@@ -94,6 +99,18 @@ class TrainStep:
         self._apply(outputs[1:], v)
         self._acc, self._micro = [], 0
         return loss
+
+    def _check_not_replaced(self) -> None:
+        """Refuse a step after a parameter, buffer or submodule was replaced (``layer.weight =
+        nn.Parameter(...)``): the step reads and updates the tensors it was compiled with, as does the
+        optimizer, so the model's new tensor had silently never trained (``model_checks.SwapWatch``)."""
+        watch = getattr(self, "_swaps", None)  # (a step pickled before the watch)
+        replaced = watch.swapped() if watch is not None else ""
+        if replaced:
+            raise ValueError(f"compile_training: {replaced} was replaced after compile_training; the step and the "
+                             f"optimizer hold the tensors it was compiled with, so the model's new one would never "
+                             f"train: copy new values in place (with torch.no_grad(): p.copy_(new), or "
+                             f"model.load_state_dict), or make the optimizer and call compile_training again")
 
     def _apply(self, outputs: list[torch.Tensor], v: Variant) -> None:
         n_p = len(self.setup.trainable)

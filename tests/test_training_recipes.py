@@ -427,3 +427,42 @@ def test_a_hook_registered_after_compile_training_is_said_at_the_next_step():
     said = _said_in_two_steps(step, (x, y), "after compiling")
     assert len(said) == 1 and "registered on 0 after compiling is not called" in said[0], said
     assert not called
+
+
+def test_a_parameter_replaced_after_compiling_is_refused_and_in_place_loads_train():
+    """``model[2].weight = nn.Parameter(...)`` after compile_training: the step and the optimizer hold
+    the old tensor, so the new one had never trained, without a word. The step refuses before anything
+    runs; values copied in place (load_state_dict) train as before."""
+    model = _mlp()
+    x, y = _data()
+    step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+    step(x, y)
+    fresh = _mlp()
+    model.load_state_dict(fresh.state_dict())  # in place: the same tensors, new values
+    before = model[2].weight.detach().clone()
+    step(x, y)
+    assert not torch.equal(model[2].weight, before)  # trained from the loaded values
+    model[2].weight = torch.nn.Parameter(torch.zeros(4, 32))
+    with pytest.raises(ValueError, match=r"2\.weight was replaced after compile_training.*copy new values in place"):
+        step(x, y)
+    assert torch.equal(model[2].weight, torch.zeros(4, 32))  # nothing ran
+
+
+def test_a_pickled_step_still_notices_a_replaced_parameter():
+    """The watch travels with ``torch.save(step)`` and compares the loaded model's own slots."""
+    import io
+
+    model = _mlp()
+    x, y = _data()
+    step = _compile(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+    step(x, y)
+    buffer = io.BytesIO()
+    torch.save(step, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded(x, y)  # captures again, from the loaded model
+    loaded.model[0].bias = torch.nn.Parameter(torch.zeros(32))
+    with pytest.raises(ValueError, match=r"0\.bias was replaced"):
+        loaded(x, y)
