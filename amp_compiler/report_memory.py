@@ -98,71 +98,115 @@ def _activations(table: dict[str, Mapping], ops: list, casts: list) -> dict[str,
     return {f"predicted_memory_activations_{s}_bytes": peak for s, peak in activation_peaks(table, ops, casts).items()}
 
 
-def peak_bytes(first: list[int], final: list[int], nbytes: list[int], steps: int) -> int:
+NEVER = np.iinfo(np.int64).max  # the first read of a cast nobody reads (``storage_spans``)
+
+
+def storage_spans(n_rows: int, n_casts: int, read_row: np.ndarray, read_at: np.ndarray, read_via: np.ndarray,
+                  view_row: np.ndarray, view_via: np.ndarray, written: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The walk both memory measures share (the report's, ``activation_peaks``; the planner's for a
+    plan not yet applied, ``passes/plan_memory.py``), over arrays: (root, first, end).
+
+    Targets are ``n_rows`` tensors, then ``n_casts`` inserted casts. Read ``k`` reads row
+    ``read_row[k]`` (-1: none) at op position ``read_at[k]``, through cast target ``read_via[k]``
+    (-1: directly). A view's output row ``r`` reads row ``view_row[r]`` through ``view_via[r]``
+    (both -1: not a view); ``written[r]``: the position that writes row ``r`` (-1: none). A view
+    holds no storage: ``root[r]`` is whose it shares, its source's or, where the view reads a cast,
+    the cast's. A row lives from its write, a cast from its first reader (``NEVER`` if unread), to
+    the last read of it or of a view of it (-1 if none); a read through a cast counts for its
+    source too (without the cast, FP32 and all-FP16 read the source)."""
+    root = np.where(view_via >= 0, view_via, np.where(view_row >= 0, view_row, np.arange(n_rows)))
+    while True:  # pointer jumping: view chains are short, each round halves them
+        inner = root < n_rows
+        jumped = root.copy()
+        jumped[inner] = root[root[inner]]
+        if np.array_equal(jumped, root):
+            break
+        root = jumped
+    first = np.concatenate([written, np.full(n_casts, NEVER, dtype=np.int64)])
+    end = np.concatenate([written, np.full(n_casts, -1, dtype=np.int64)])
+    via = read_via >= 0
+    np.minimum.at(first, read_via[via], read_at[via])
+    np.maximum.at(end, read_via[via], read_at[via])
+    direct = read_row >= 0
+    np.maximum.at(end, root[read_row[direct]], read_at[direct])
+    return root, first, end
+
+
+def peak_bytes(first: np.ndarray, final: np.ndarray, nbytes: np.ndarray, steps: int) -> int:
     """The largest sum of ``nbytes`` alive at once, each alive from ``first`` to ``final``
     (inclusive) of ``steps`` op positions; 0 for none."""
     if len(nbytes) == 0:
         return 0
     deltas = np.zeros(steps + 1, dtype=np.int64)
-    sizes = np.asarray(nbytes, dtype=np.int64)
-    np.add.at(deltas, np.asarray(first, dtype=np.int64), sizes)
-    np.add.at(deltas, np.asarray(final, dtype=np.int64) + 1, -sizes)
+    np.add.at(deltas, first, nbytes)
+    np.add.at(deltas, final + 1, -nbytes)
     return max(int(np.cumsum(deltas).max()), 0)
 
 
 def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> dict[str, int]:
-    """Peak live bytes in each scenario (``SCENARIOS``), sweeping the op order once (the planner
-    prices a plan not yet applied with the same rules: ``passes/plan_memory.py``)."""
+    """Peak live bytes in each scenario (``SCENARIOS``) over the op order (``storage_spans``); a view
+    that is a graph output keeps its storage to the end, an inserted cast nobody reads (it writes a
+    graph output) starts where its source was last read."""
     cast_outputs = {c.get("output"): c.get("tensor") for c in casts  # inserted ones: the source's are ops
                     if _is_mapping(c) and c.get("output") and c.get("inserted", True)}
-    start: dict[str, int] = {}
-    end: dict[str, int] = {}
-    view_of: dict[str, str] = {}  # a view's output -> the tensor whose storage it shares
-
-    def root(name: str) -> str:
-        while name in view_of:
-            name = view_of[name]
-        return name
-
-    last = max(len(ops) - 1, 0)
+    names = [name for name in table if name not in cast_outputs]
+    row = {name: i for i, name in enumerate(names)}
+    cast_ids = {name: len(names) + k for k, name in enumerate(cast_outputs)}
+    get_row, get_cast = row.get, cast_ids.get
+    direct_row: list[int] = []  # reads of rows: row, position
+    direct_at: list[int] = []
+    via_reads: list[tuple[int, int, int]] = []  # reads of casts: the cast's source row, position, cast
+    written = [-1] * len(names)
+    view_row, view_via = [-1] * len(names), [-1] * len(names)
     for i, op in enumerate(ops):
-        for name in op.get("inputs") or ():
-            if name in cast_outputs:
-                start.setdefault(name, i)  # an inserted cast sits right before its first reader
-                end[root(cast_outputs[name])] = i  # without the cast (FP32, all-FP16) the op reads the source
-            end[root(name)] = i
+        inputs = op.get("inputs") or ()
+        for name in inputs:
+            r = get_row(name)
+            if r is not None:
+                direct_row.append(r)
+                direct_at.append(i)
+            elif name in cast_ids:
+                via_reads.append((get_row(cast_outputs[name], -1), i, cast_ids[name]))
         outputs = op.get("outputs") or ()
-        if is_view(op.get("canonical")) and outputs and op.get("inputs") and op["inputs"][0] in table:
-            view_of[outputs[0]] = op["inputs"][0]
+        if outputs and inputs and inputs[0] in table and is_view(op.get("canonical")):
+            out = get_row(outputs[0])
+            if out is not None:
+                view_row[out], view_via[out] = get_row(inputs[0], -1), get_cast(inputs[0], -1)
             continue
         for name in outputs:
-            start.setdefault(name, i)
-            end.setdefault(name, i)
-    for name in view_of:
-        if table.get(name, {}).get("graph_output"):
-            end[root(name)] = last  # a view that is a graph output keeps its storage to the end
-    for name, src in cast_outputs.items():
-        if name not in start and root(src) in end:  # a cast nobody reads: it writes a graph output
-            start[name] = end[root(src)]
-    spans: dict[str, tuple[list, list, list]] = {s: ([], [], []) for s in SCENARIOS}
-    for name, t in table.items():
-        if t.get("kind") == WEIGHT or name in view_of or name not in end and not t.get("graph_output"):
-            continue
-        first = 0 if t.get("kind") == INPUT else start.get(name)
-        if first is None:
-            continue
-        final = last if t.get("graph_output") else end.get(name, first)
-        numel = int(t.get("numel") or 0)
-        sizes = {"mixed": numel * itemsize(t.get("dtype"))}
-        if name not in cast_outputs:  # a cast's copy exists in the mixed plan only
-            sizes["fp32"] = 4 * numel
-            sizes["all_fp16"] = 2 * numel if t.get("dtype") in _PLANNED else numel * itemsize(t.get("dtype"))
-        for s, nbytes in sizes.items():
-            firsts, finals, sizes_of = spans[s]
-            firsts.append(first)
-            finals.append(final)
-            sizes_of.append(nbytes)
-    return {s: peak_bytes(*spans[s], steps=len(ops)) for s in SCENARIOS}
+            r = get_row(name)
+            if r is not None and written[r] < 0:
+                written[r] = i
+    cast_reads = np.array(via_reads, dtype=np.int64).reshape(-1, 3)
+    root, first, end = storage_spans(
+        len(names), len(cast_ids), np.concatenate([np.array(direct_row, dtype=np.int64), cast_reads[:, 0]]),
+        np.concatenate([np.array(direct_at, dtype=np.int64), cast_reads[:, 1]]),
+        np.concatenate([np.full(len(direct_row), -1, dtype=np.int64), cast_reads[:, 2]]),
+        np.array(view_row, dtype=np.int64), np.array(view_via, dtype=np.int64), np.array(written, dtype=np.int64))
+    is_view_row = np.array([v != (-1, -1) for v in zip(view_row, view_via)], dtype=bool)
+    rows_of = [table[name] for name in names] + [table.get(name) for name in cast_outputs]  # None: not in the table
+    go = np.array([bool(t and t.get("graph_output")) for t in rows_of], dtype=bool)
+    last = max(len(ops) - 1, 0)
+    views = np.flatnonzero(is_view_row)
+    end[root[views[go[views]]]] = last  # a view that is a graph output keeps its storage to the end
+    for name, src in cast_outputs.items():  # a cast nobody reads writes a graph output: from its source's last read
+        c = cast_ids[name]
+        if first[c] == NEVER and src in row and end[root[row[src]]] >= 0:
+            first[c] = end[root[row[src]]]
+    kind = [t.get("kind") if t else WEIGHT for t in rows_of]
+    dtypes = [t.get("dtype") if t else None for t in rows_of]
+    numel = np.array([int(t.get("numel") or 0) if t else 0 for t in rows_of], dtype=np.int64)
+    item = np.array([itemsize(t.get("dtype")) if t else 0 for t in rows_of], dtype=np.int64)
+    start = np.where(np.array([k == INPUT for k in kind]), 0, first)
+    counted = (np.array([k != WEIGHT for k in kind]) & ~np.concatenate([is_view_row, np.zeros(len(cast_ids), bool)])
+               & ((end >= 0) | go) & (start >= 0) & (start != NEVER))
+    final = np.where(go, last, np.where(end >= 0, end, start))
+    source = np.arange(len(rows_of)) < len(names)  # a cast's copy exists in the mixed plan only
+    planned = np.array([d in _PLANNED for d in dtypes], dtype=bool)
+    sizes = {"fp32": (counted & source, 4 * numel), "mixed": (counted, numel * item),
+             "all_fp16": (counted & source, np.where(planned, 2, item) * numel)}
+    return {s: peak_bytes(start[keep], final[keep], nbytes[keep], len(ops)) for s, (keep, nbytes) in sizes.items()}
 
 
 def is_view(canonical: str | None) -> bool:
@@ -171,5 +215,5 @@ def is_view(canonical: str | None) -> bool:
     return row is not None and row.traffic == "alias"
 
 
-__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "fill_memory", "is_view", "peak_bytes",
-           "predicted_memory", "tensor_table"]
+__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "NEVER", "fill_memory", "is_view", "peak_bytes",
+           "predicted_memory", "storage_spans", "tensor_table"]

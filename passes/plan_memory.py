@@ -6,8 +6,8 @@ near-tie taken "for less memory" is checked here against the measure the report 
 the proxy can get wrong: ConvNeXt-V2's GRN reads its MLP's 4x-wide activation in FP32, so a
 plan converting that MLP holds the activation twice (FP16 and its FP32 cast) at the peak; the
 proxy counted the halved outputs elsewhere and took a plan slower than FP32 that needed more
-memory than it. The measure is ``report_memory.activation_peaks``' walk over the rows the
-plan would give, its inserted casts among them. A plan changes only the dtypes of tensors, which
+memory than it. The measure is ``report_memory.activation_peaks``' walk (``storage_spans``) over the rows
+the plan would give, its inserted casts among them. A plan changes only the dtypes of tensors, which
 casts exist and where a view's storage lives (its source's, or the cast it reads), so the graph
 is laid out as arrays once per energy (``_PlanMemory``) and each plan priced from them in
 milliseconds: a walk of the graph per plan had cost 1.8 s of a 100k-node conversion.
@@ -19,7 +19,7 @@ import numpy as np
 
 from amp_compiler.dtypes import FLOAT32, is_float, itemsize
 from amp_compiler.ir import CONSTANT, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph
-from amp_compiler.report_memory import is_view, peak_bytes
+from amp_compiler.report_memory import NEVER, is_view, peak_bytes, storage_spans
 
 from .costs import PlanEnergy
 
@@ -134,39 +134,21 @@ class _PlanMemory:
         via = np.full(len(self.read_row), -1, dtype=np.int64)  # each read's cast target, or -1
         via[cast] = n + inverse[:n_read_casts]
         out_casts = n + inverse[n_read_casts:]
-        root = self._roots(via)
-        # a target is written where its row is (a cast: at its first reader) and lives to its last
-        # read; a read through a cast counts for the cast and the source alike
-        never = np.iinfo(np.int64).max
-        first = np.concatenate([self.first, np.full(len(keys), never, dtype=np.int64)])
-        end = np.concatenate([self.written, np.full(len(keys), -1, dtype=np.int64)])
-        np.minimum.at(first, via[cast], self.read_at[cast])
-        np.maximum.at(end, via[cast], self.read_at[cast])
-        np.maximum.at(end, root[self.read_row], self.read_at)
+        view_row, view_via = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        link = self.parent[self.views]
+        view_row[self.views], view_via[self.views] = self.read_row[link], via[link]
+        root, first, end = storage_spans(n, len(keys), self.read_row, self.read_at, via, view_row, view_via,
+                                         self.written)
+        first[:n] = self.first  # graph inputs live from the start
         outputs = np.concatenate([self.graph_output & ~cast_out, np.zeros(len(keys), dtype=bool)])
         views = self.views[outputs[self.views]]
         end[root[views]] = self.last  # a view that is a graph output keeps its storage to the end
-        unread = first[out_casts] == never  # an output cast nobody reads starts at its source's last read
+        unread = first[out_casts] == NEVER  # an output cast nobody reads starts at its source's last read
         first[out_casts[unread]] = end[root[out_rows[unread]]]
         outputs[out_casts] = True
         stored = np.concatenate([self.parent < 0, np.ones(len(keys), dtype=bool)])
-        keep = stored & (first >= 0) & (first != never) & ((end >= 0) | outputs)
+        keep = stored & (first >= 0) & (first != NEVER) & ((end >= 0) | outputs)
         final = np.where(outputs, self.last, np.where(end >= 0, end, first))
         rows, codes = np.divmod(keys, n_codes)
         nbytes = np.concatenate([self.numel * self.itemsizes[dtype], self.numel[rows] * self.itemsizes[codes]])
         return peak_bytes(first[keep], final[keep], nbytes[keep], self.steps)
-
-    def _roots(self, via: np.ndarray) -> np.ndarray:
-        """Each row's storage under the plan: its own, its view's source's, or the cast a view reads
-        (``via``: each read's cast target past the rows, -1 for none)."""
-        n = len(self.numel)
-        root = np.arange(n, dtype=np.int64)
-        link = self.parent[self.views]
-        root[self.views] = np.where(via[link] >= 0, via[link], self.read_row[link])
-        while True:  # pointer jumping: view chains are short, each round halves them
-            inner = root < n
-            nxt = root.copy()
-            nxt[inner] = root[root[inner]]
-            if np.array_equal(nxt, root):
-                return root
-            root = nxt
