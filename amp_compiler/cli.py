@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except ConversionError as exc:
+        exc = _inputs_rejected(args, exc)
         return _fail(args, f"amp-compile: error: {exc}{_drawn_inputs_hint(args, exc)}", 2)
     except OSError as exc:  # I/O the file helpers do not wrap (writing a report, ...)
         where = exc.filename or args.input
@@ -311,6 +312,26 @@ def _feeds(args, model) -> dict:
     feeds, args.inputs_drawn = model_inputs(model, dims=_parse_dims(args.dim))
     args.drawn_shapes = {name: list(value.shape) for name, value in feeds.items()}
     return feeds
+
+
+def _inputs_rejected(args, exc: ConversionError) -> ConversionError:
+    """ONNX Runtime failing to run the FP32 model on inputs we drew, under ``--calibrate`` or
+    ``--fallback`` as under ``--validate``: ``validate.source_rejects``' message (the sizes drawn, a
+    position table shorter than the sequence and the ``--dim`` that fits), not ORT's alone."""
+    shapes = getattr(args, "drawn_shapes", None)
+    if not shapes:  # nothing drawn (and nothing heavy imported for a bad path: tests/test_cli_start.py)
+        return exc
+    from .validate import InputsRejected, fp32_run_refused, source_rejects
+
+    if isinstance(exc, InputsRejected) or not fp32_run_refused(exc):
+        return exc
+    try:
+        import onnx
+
+        graph = onnx.load(str(args.input), load_external_data=False)
+    except Exception:  # noqa: BLE001  the file loaded once already; without it, ORT's message stands
+        return exc
+    return source_rejects(exc, graph, shapes, str(args.input))
 
 
 def _drawn_inputs_hint(args, exc: ConversionError) -> str:

@@ -261,7 +261,7 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     that is an ``If`` condition (a merged decoder's ``use_cache_branch``) is run both ways, each
     output named with it: one drawn value had validated one branch. Where ONNX Runtime fails to run
     the FP32 model on ``feeds``, the error names ``source`` (default: ``original``'s path) and says
-    the source model rejects these inputs (``_source_rejects``).
+    the source model rejects these inputs (``source_rejects``).
     """
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
@@ -281,10 +281,10 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
                 expected = runner(original, variant, label=_FP32)
                 actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
         except ConversionError as exc:
-            if exc.source != _FP32 or exc.where != "ONNX Runtime" or exc.reason.startswith("cannot load"):
+            if not fp32_run_refused(exc):
                 raise
-            raise _source_rejects(exc, graph, variant, source or (original if isinstance(original, str) else "")
-                                  ) from None
+            raise source_rejects(exc, graph, {name: np.shape(value) for name, value in variant.items()},
+                                 source or (original if isinstance(original, str) else "")) from None
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
     if probed is not None and runner is run_model:
@@ -329,29 +329,41 @@ def undetermined_selections(original: ModelProto | str, names: set[str], feeds: 
     return notes
 
 
-def _source_rejects(exc: ConversionError, graph: ModelProto, feeds: dict[str, np.ndarray],
-                    source: str) -> ConversionError:
-    """The error for ONNX Runtime failing to run the FP32 model on the validation inputs: the sizes
-    its symbolic dims got, that the source model itself rejects them (not the conversion), a
-    position table shorter than the sequence where one is, and ORT's message without its noise.
+class InputsRejected(ConversionError):
+    """ONNX Runtime refused to run the source (FP32) model on the inputs drawn for it: not a
+    conversion problem (``source_rejects``)."""
+
+
+def fp32_run_refused(exc: ConversionError) -> bool:
+    """Whether ``exc`` is ONNX Runtime failing to *run* the FP32 model (validation, calibration,
+    fallback), not to load it."""
+    return ("FP32 model" in exc.source and exc.where == "ONNX Runtime" and not exc.reason.startswith("cannot load")
+            and not isinstance(exc, InputsRejected))
+
+
+def source_rejects(exc: ConversionError, graph: ModelProto, shapes: dict[str, Any], source: str) -> InputsRejected:
+    """The error for ONNX Runtime failing to run the FP32 model on inputs of ``shapes`` (name -> shape):
+    the sizes its symbolic dims got, that the source model itself rejects them (not the conversion),
+    a position table shorter than the sequence where one is, and ORT's message without its noise.
     ``--dim sequence=512`` on a BERT with 128 positions had read as a broadcast error from deep in
-    ONNX Runtime (docs/architecture.md, "Validation inputs")."""
-    sizes = _dim_sizes(graph, feeds)
+    ONNX Runtime, under ``--validate``, ``--calibrate`` and ``--fallback`` alike (docs/architecture.md,
+    "Validation inputs")."""
+    sizes = _dim_sizes(graph, shapes)
     used = ", ".join(f"{dim}={size}" for dim, size in sizes.items()) or ", ".join(
-        f"{name} {list(np.shape(value))}" for name, value in feeds.items())
+        f"{name} {list(shape)}" for name, shape in shapes.items())
     table = _short_position_table(graph, sizes)
-    return ConversionError(source, _FP32, f"ONNX Runtime fails running it on the validation inputs ({used}): the "
-                                          f"source model itself rejects these inputs, not a conversion problem"
-                                          f"{'; ' + table if table else ''}; ONNX Runtime: "
-                                          f"{_ORT_NOISE.sub('', exc.reason)}")
+    return InputsRejected(source, _FP32, f"ONNX Runtime fails running it on the inputs ({used}): the "
+                                         f"source model itself rejects these inputs, not a conversion problem"
+                                         f"{'; ' + table if table else ''}; ONNX Runtime: "
+                                         f"{_ORT_NOISE.sub('', exc.reason)}")
 
 
-def _dim_sizes(graph: ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, int]:
-    """The size ``feeds`` give each symbolic dim of ``graph``'s inputs (``batch``, ``sequence``)."""
+def _dim_sizes(graph: ModelProto, shapes: dict[str, Any]) -> dict[str, int]:
+    """The size ``shapes`` give each symbolic dim of ``graph``'s inputs (``batch``, ``sequence``)."""
     sizes: dict[str, int] = {}
     for vi in graph.graph.input:
-        if vi.name in feeds:
-            for dim, size in zip(vi.type.tensor_type.shape.dim, np.shape(feeds[vi.name])):
+        if vi.name in shapes:
+            for dim, size in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
                 if dim.dim_param:
                     sizes.setdefault(dim.dim_param, int(size))
     return sizes

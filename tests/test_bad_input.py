@@ -411,18 +411,20 @@ def _positions(rows: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])  # the overflow check's exposed runs, and the plain ones
-def test_a_dim_past_the_position_table_is_said_to_be_refused_by_the_source_model(tmp_path, capsys, dtype):
+@pytest.mark.parametrize("dtype, run", [("fp16", "--validate"), ("bf16", "--validate"),  # the overflow check's
+                                        ("fp16", "--calibrate"), ("fp16", "--fallback")])  # runs, plain ones
+def test_a_dim_past_the_position_table_is_said_to_be_refused_by_the_source_model(tmp_path, capsys, dtype, run):
     """``--validate --dim sequence=512`` on a BERT with 128 positions printed ONNX Runtime's broadcast
     error from deep inside ("... element_wise_ops.h:583 ... 128 by 512"), naming no file: the line now
-    says the source model itself rejects these inputs, with which dims, and which table is too short."""
+    says the source model itself rejects these inputs, with which dims, and which table is too short.
+    ``--calibrate`` and ``--fallback`` run the FP32 model on the same drawn inputs and say the same."""
     inp = save(_positions(rows=8), tmp_path / "model.onnx")
-    args = [inp, "-o", tmp_path / "out.onnx", "--validate", "--dtype", dtype, "--dim", "batch=2", "--report",
+    args = [inp, "-o", tmp_path / "out.onnx", run, "--dtype", dtype, "--dim", "batch=2", "--report",
             tmp_path / "r.json", "-q"]
     status, err = run_cli([*args, "--dim", "sequence=12"], capsys)
     _assert_nothing_published(status, err, tmp_path, "the source model itself rejects these inputs")
     said, ort_says = err[0].split("; ONNX Runtime: ", 1)
-    assert said == (f"amp-compile: error: {inp}: the FP32 model: ONNX Runtime fails running it on the validation "
+    assert said == (f"amp-compile: error: {inp}: the FP32 model: ONNX Runtime fails running it on the "
                     "inputs (batch=2, sequence=12): the source model itself rejects these inputs, not a conversion "
                     "problem; Gather 'position_gather' reads a position table of 8 rows "
                     "('embeddings.position_embeddings.weight') while sequence is 12: pass --dim sequence=8 or less")
@@ -450,7 +452,7 @@ def test_a_source_model_failing_on_the_inputs_without_a_position_table_says_the_
     with pytest.raises(ConversionError) as caught:
         validate(m, m, feeds, source="model.onnx")
     said, ort_says = str(caught.value).split("; ONNX Runtime: ", 1)
-    assert said == ("model.onnx: the FP32 model: ONNX Runtime fails running it on the validation inputs (batch=2, "
+    assert said == ("model.onnx: the FP32 model: ONNX Runtime fails running it on the inputs (batch=2, "
                     "sequence=3, steps=5): the source model itself rejects these inputs, not a conversion problem")
     assert "'sub'" in ort_says and "3 by 5" in ort_says and "[ONNXRuntimeError]" not in ort_says
 
