@@ -219,13 +219,14 @@ class PrecisionGraph:
                 self._link(op)
 
     def _link(self, op: Op) -> None:
+        tensors, op_name = self.tensors, op.name
         for port, name in enumerate(op.inputs):
             if name:
-                self.tensors[name].consumers.append((op.name, port))
+                tensors[name].consumers.append((op_name, port))
         for port, name in enumerate(op.outputs):
             if name:
-                t = self.tensors[name]
-                t.producer, t.producer_port = op.name, port
+                t = tensors[name]
+                t.producer, t.producer_port = op_name, port
 
     def remove_op(self, name: str) -> None:
         op = self.ops.pop(name)

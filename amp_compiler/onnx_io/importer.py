@@ -28,11 +28,13 @@ from ..registry import DEFAULT_REGISTRY, Registry
 from .dtypes import onnx_to_dtype
 from .tensors import iter_chunks
 from .schemas import port_groups
+from .structure import node_rows
 from .inference import tensor_type
 from .untyped import type_untyped
 from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
+_UNTYPED = (None, None)
 
 
 @dataclass
@@ -116,8 +118,7 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
         _define(graph, Tensor(inp.name, dtype, shape, GRAPH_INPUT, scope=scope), source, scope)
     ops, tensors = graph.ops, graph.tensors
     if rows is None:  # each proto field read once: upb builds a new object per read
-        rows = [(node, list(node.output), list(node.input), node.domain, list(node.attribute), node.name,
-                 node.op_type) for node in g.node]
+        rows = node_rows(g)
     for idx, (node, outputs, inputs, node_domain, attributes, node_name, op_type) in enumerate(rows):
         name = node_name or f"{op_type}_{idx}"
         if scope:
@@ -127,10 +128,12 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
         port_dtypes = set()  # for the port-type check: an op with one dtype on all its ports passes it
         for out in outputs:
             if out:
-                dtype, shape = types.get(out, (None, None))
+                dtype, shape = types.get(out, _UNTYPED)
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
-                _define(graph, Tensor(out, dtype, shape, ACTIVATION, scope=scope), source, scope)
+                if out in tensors:
+                    _defined_twice(out, source, scope)
+                tensors[out] = Tensor(out, dtype, shape, ACTIVATION, scope=scope)
                 port_dtypes.add(dtype)
         domain = "" if node_domain in ("", "ai.onnx") else node_domain
         if op_type in ("Constant", "ConstantOfShape") and not domain and outputs and outputs[0]:
@@ -252,10 +255,14 @@ def _formal_input_dtype(graph: PrecisionGraph, scope: str, k: int) -> str | None
 
 def _define(graph: PrecisionGraph, tensor: Tensor, source: str, scope: str) -> None:
     if tensor.name in graph.tensors:
-        where = f"subgraph {scope}" if scope else "the main graph"
-        raise ConversionError(source, f"tensor {tensor.name!r}",
-                              f"is defined twice (again in {where}); names must be unique across scopes")
+        _defined_twice(tensor.name, source, scope)
     graph.tensors[tensor.name] = tensor
+
+
+def _defined_twice(name: str, source: str, scope: str) -> None:
+    where = f"subgraph {scope}" if scope else "the main graph"
+    raise ConversionError(source, f"tensor {name!r}", f"is defined twice (again in {where}); names must be unique "
+                                                      "across scopes")
 
 
 def _read_attributes(attributes) -> tuple[dict[str, Any], list[tuple[str, list[GraphProto]]]]:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import onnx
-from onnx import ModelProto, TensorProto, ValueInfoProto
+from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto
 
 from ..errors import ConversionError
 from .ort_onnx_ops import stand_in_for_inference
@@ -31,12 +31,21 @@ _INFERENCE_LINE = re.compile(r"(?:\[(\w+)\] )?\(op_type:([^,)]*)(?:, node name: 
 _CHECKER_CONTEXT = re.compile(r"Name: (.*?) OpType: (\S+)")
 
 
-def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None) -> ModelProto:
+def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None, rows: list[tuple] | None = None,
+               nested: bool = True) -> ModelProto:
     """A copy of ``model`` whose large or float tensors are data-less placeholders (``stand_ins``
-    receives them), ONNX Runtime's ONNX-domain ops written as ops onnx knows (``ort_onnx_ops``)."""
-    light = skeleton_copy(model, _strip, stand_ins)
-    stand_in_for_inference(light, graphs)
+    receives them), ONNX Runtime's ONNX-domain ops written as ops onnx knows (``ort_onnx_ops``).
+    ``rows``: the main graph's ``structure.node_rows``, where the caller read them; ``nested=False``:
+    the model has no subgraphs (the structure check found none)."""
+    light = skeleton_copy(model, _strip, stand_ins, None if rows is None else [row[4] for row in rows])
+    op_types = None if nested or rows is None else (row[6] for row in rows)
+    stand_in_for_inference(light, graphs if nested else _main_graph, op_types)
     return light
+
+
+def _main_graph(g: GraphProto, path: str) -> Iterator[tuple[GraphProto, str]]:
+    """``structure.graphs`` of a graph known to hold no subgraph."""
+    yield g, path
 
 
 def _strip(t: TensorProto) -> list[tuple[str, str]] | None:

@@ -22,6 +22,7 @@ docs/architecture.md, "Input handling".
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Iterable
 
 import onnx
 from onnx import GraphProto, ModelProto
@@ -59,16 +60,20 @@ def is_ort_onnx_op(op_type: str, domain: str, opset: int) -> bool:
     return False
 
 
-def stand_in_for_inference(light: ModelProto, subgraphs) -> None:
+def stand_in_for_inference(light: ModelProto, subgraphs, op_types: Iterable[str] | None = None) -> None:
     """Rewrite ``light`` (a data-less copy for onnx's checker and inference, never written) as the
-    module docstring says; ``subgraphs(graph, path)`` walks a graph and its subgraphs."""
+    module docstring says; ``subgraphs(graph, path)`` walks a graph and its subgraphs. ``op_types``:
+    those of all of ``light``'s nodes, where the caller knows them (none of ONNX Runtime's ops at
+    the file's opset among them: no node is read)."""
     opset = next((o.version for o in light.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if op_types is not None:
+        if not any(is_ort_onnx_op(t, "", opset) for t in _STAND_IN_SCHEMAS.keys() & op_types):
+            return
     moved = False
     for g, _ in subgraphs(light.graph, ""):
-        dtypes = _declared_dtypes(g) if any(is_ort_onnx_op(n.op_type, n.domain, opset) for n in g.node) else {}
-        for node in g.node:
-            if not is_ort_onnx_op(node.op_type, node.domain, opset):
-                continue
+        found = [n for n in g.node if n.op_type in _STAND_IN_SCHEMAS and is_ort_onnx_op(n.op_type, n.domain, opset)]
+        dtypes = _declared_dtypes(g) if found else {}
+        for node in found:
             outputs = [o for o in node.output if o]
             to = dtypes.get(node.input[1]) if len(node.input) > 1 else None
             if len(outputs) == 1 and outputs[0] == node.output[0] and to:

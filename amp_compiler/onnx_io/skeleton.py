@@ -25,19 +25,23 @@ _TENSOR_META = tuple(fd for fd in TensorProto.DESCRIPTOR.fields
 TensorHook = Callable[[TensorProto], "list[tuple[str, str]] | None"]
 
 
-def skeleton_copy(model: ModelProto, hook: TensorHook, made: list[TensorProto] | None = None) -> ModelProto:
+def skeleton_copy(model: ModelProto, hook: TensorHook, made: list[TensorProto] | None = None,
+                  main_attributes: list | None = None) -> ModelProto:
     """A copy of ``model`` in which each tensor for which ``hook`` returns entries is external, without data.
 
     Tensors ``hook`` answers None for are copied as they are. Nothing large is copied. ``made``
     receives the copy's weight tensors made external (those ``tensors.iter_tensors`` yields: not a
-    sparse tensor's indices), so that no walk of the copy has to find them.
+    sparse tensor's indices), so that no walk of the copy has to find them. ``main_attributes``:
+    each main-graph node's attribute list, where the caller read them already (``structure.node_rows``).
     """
     out = ModelProto()
-    _copy_message(model, out, hook, made)
+    _copy_message(model, out, hook, made, main_attributes)
     return out
 
 
-def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None) -> None:
+def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None, attributes: list | None = None) -> None:
+    """Copy ``src`` into ``dst``; ``attributes``: the attribute lists of the nodes of ``src`` (a graph)
+    or of its graph (a model), where known."""
     for fd, value in src.ListFields():
         mt = fd.message_type
         repeated = is_repeated(fd)
@@ -50,17 +54,31 @@ def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None) ->
             weights = None if fd.name == "indices" else made  # SparseTensorProto.indices
             for t in (value if repeated else [value]):
                 _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, weights)
+        elif mt.full_name == "onnx.NodeProto":  # always repeated
+            nodes = value[:]
+            _copy_nodes(nodes, [n.attribute for n in nodes] if attributes is None else attributes,
+                        getattr(dst, fd.name), hook, made)
         elif mt.full_name in _CONTAINERS:
             for m in (value if repeated else [value]):
                 sub = getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name)
-                if mt.full_name == "onnx.NodeProto" and not any(a.type in _PAYLOAD_ATTRS for a in m.attribute):
-                    sub.CopyFrom(m)
-                else:
-                    _copy_message(m, sub, hook, made)
+                _copy_message(m, sub, hook, made, attributes if fd.name == "graph" else None)
         elif repeated:
             getattr(dst, fd.name).extend(value)
         else:
             getattr(dst, fd.name).CopyFrom(value)
+
+
+def _copy_nodes(nodes: list, attributes: list, dst, hook: TensorHook, made: list[TensorProto] | None) -> None:
+    """Append copies of ``nodes`` (``attributes``: each one's attribute list) to the repeated field
+    ``dst``: a node with a tensor or graph attribute field by field, each run of the others whole
+    in one extend (protobuf copies them in C)."""
+    start = 0
+    for k, attrs in enumerate(attributes):
+        if attrs and any(a.type in _PAYLOAD_ATTRS for a in attrs):
+            dst.extend(nodes[start:k])
+            _copy_message(nodes[k], dst.add(), hook, made)
+            start = k + 1
+    dst.extend(nodes[start:])
 
 
 def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook, made: list[TensorProto] | None) -> None:

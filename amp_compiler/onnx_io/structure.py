@@ -57,16 +57,21 @@ def _bad(value) -> bool:
     return not isinstance(value, str)
 
 
+def node_rows(g: GraphProto) -> list[tuple]:
+    """(node, outputs, inputs, domain, attributes, name, op type) per node of ``g``: each field read
+    once, repeated ones as lists (a slice copies them faster than ``list()``)."""
+    return [(node, node.output[:], node.input[:], node.domain, node.attribute[:], node.name, node.op_type)
+            for node in g.node]
+
+
 def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
-    """(node, outputs, inputs, domain, attributes, name, op type) per node of ``g``, names checked
-    for valid UTF-8."""
+    """``node_rows(g)``, the names in them and ``g``'s value names checked for valid UTF-8."""
     for kind, seq in (("graph input", g.input), ("graph output", g.output), ("value_info", g.value_info),
                       ("initializer", g.initializer)):
         for item in seq:
             if _bad(item.name):
                 raise ConversionError(source, f"{kind} {item.name!r}{where_g}", "its name is not valid UTF-8")
-    rows = [(node, list(node.output), list(node.input), node.domain, list(node.attribute), node.name, node.op_type)
-            for node in g.node]
+    rows = node_rows(g)
     if not _all_text(rows):
         _raise_first_bad_name(rows, where_g, source)
     return rows
@@ -140,12 +145,13 @@ class _Structure:
                 raise ConversionError(self.source, where_g, "a graph input has no name")
             if inp.name not in initializers:  # IR < 4 lists initializers among the inputs as well
                 define(inp.name, "a graph input")
-        producer: dict[str, int] = {}
-        for idx, row in enumerate(rows):
-            for out in row[1]:
-                define(out, idx)
-                if out:
-                    producer[out] = idx
+        outputs = [(out, idx) for idx, row in enumerate(rows) for out in row[1] if out]
+        producer = dict(outputs)  # all at once; one by one only to name a clash
+        if len(producer) < len(outputs) or not producer.keys().isdisjoint(defined) \
+                or not producer.keys().isdisjoint(outer):
+            for out, idx in outputs:
+                define(out, idx)  # raises at the first name defined twice or shadowing an outer one
+        defined.update(producer)
         visible = outer | frozenset(defined)
         free: set[str] = set()
         captured: dict[int, set[str]] = {}  # node index -> the outer names its subgraphs use
