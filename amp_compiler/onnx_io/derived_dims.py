@@ -45,12 +45,13 @@ def relations_of_model(model: ModelProto, sized: Iterable[str] = ()
     return solve(_equations(model, shapes), free), _derived(model, shapes, free)
 
 
-def carries_cache(model: ModelProto) -> bool:
+def carries_cache(model: ModelProto, nested: bool = True) -> bool:
     """Whether an output of the graph or of a subgraph is a ``Concat`` of a graph input (a decoder's
     ``present.*`` made of its ``past_key_values.*``, in a merged decoder's ``If`` branches too): the
-    cheap test before ``derived_sizes`` pays for an inference."""
+    cheap test before ``derived_sizes`` pays for an inference. ``nested=False``: the model holds no
+    subgraph (``len(OnnxImport.graphs) == 1``), so its nodes' attributes are not read."""
     inputs = {vi.name for vi in model.graph.input}
-    for g, _ in graphs(model.graph, ""):  # a merged decoder concatenates in its If branches
+    for g, _ in graphs(model.graph, "") if nested else [(model.graph, "")]:  # a merged decoder: in If branches
         outputs = {vi.name for vi in g.output}
         if any(n.op_type == "Concat" and n.output and n.output[0] in outputs and inputs.intersection(n.input)
                for n in g.node):

@@ -121,23 +121,20 @@ def _placeholders(model: ModelProto) -> Iterable[TensorProto]:
             and any(e.key == "location" and e.value == _PLACEHOLDER for e in t.external_data)]
 
 
-def infer(light: ModelProto, source: str) -> bool:
-    """Strict type/shape inference into ``light``'s value_info; fatal errors become ``ConversionError``.
-    Returns whether the strict pass held (False: declared shapes disagreed, non-strict ones kept)."""
+def infer(light: ModelProto, source: str) -> tuple[ModelProto, bool]:
+    """Strict type/shape inference of ``light``; fatal errors become ``ConversionError``. Returns
+    ``light`` with the inferred value_info (a new model; ``light`` itself where inference gave
+    nothing) and whether the strict pass held (False: declared shapes disagreed, non-strict ones kept)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+        return onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True), True
     except Exception as exc:  # onnx raises InferenceError, or ValueError/RuntimeError for bad input
         fatal = _fatal_inference_error(str(exc))
         if fatal is not None:
             raise ConversionError(source, *fatal) from None
-        try:  # only stale declared shapes disagreed: keep what non-strict inference can tell
-            inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
-        except Exception:  # inference is best effort from here on
-            return False
-        light.CopyFrom(inferred)
-        return False
-    light.CopyFrom(inferred)
-    return True
+    try:  # only stale declared shapes disagreed: keep what non-strict inference can tell
+        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False), False
+    except Exception:  # inference is best effort from here on
+        return light, False
 
 
 def _fatal_inference_error(text: str) -> tuple[str, str] | None:

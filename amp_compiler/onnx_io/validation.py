@@ -52,7 +52,7 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     nested = bool(subgraph_paths)
     light = light_copy(model, stand_ins, main_rows, nested)
     run_checker(light, source, stand_ins)
-    consistent = infer(light, source)
+    light, consistent = infer(light, source)
     types = inferred_types(light, nested)
     # symbols a Reshape made up, written as arithmetic of the inputs' dims; not where declared shapes
     # disagree with inference (the emitted file would carry shapes the model's own contradict)
