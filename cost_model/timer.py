@@ -78,10 +78,19 @@ class OpTimer:
         (cached: the graph as planned, before the casts pass rewires readers)."""
         cached = self._internal.get(t.name)
         if cached is None:
-            same = self.groups.same_group
-            cached = self._internal[t.name] = bool(t.producer and t.consumers and not t.is_graph_output
-                                                   and all(same(t.producer, c) for c, _ in t.consumers))
+            cached = self._internal[t.name] = self._stays_inside(t)
         return cached
+
+    def _stays_inside(self, t: Tensor) -> bool:
+        """``internal``'s answer: every reader in the producer's group (``groups.same_group``)."""
+        if not t.producer or not t.consumers or t.is_graph_output:
+            return False
+        group_of = self.groups.group_of
+        mine = group_of.get(t.producer, -1)
+        for reader, _ in t.consumers:
+            if group_of.get(reader, -2) != mine:
+                return False
+        return True
 
     def output_bytes(self, op: Op, dtype: str) -> float:
         """Bytes the op's unit outputs hold in ``dtype`` (views hold none of their own)."""

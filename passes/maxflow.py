@@ -3,7 +3,9 @@
 Capacities are scaled to integers (finite costs so their total fits in 2**30, "infinite"
 edges 2**30, repeated edges summed then capped), and the cut returned is the set of nodes
 reachable from the source in the residual graph of a maximum flow: the same for every
-maximum flow, so the two solvers below give the same answer. Graphs of up to
+maximum flow, so the two solvers below give the same answer. A node with one edge in and one
+out (a cast term's auxiliary node with a single reader) is bypassed first (``_bypass_relays``):
+half the nodes of a transformer's graph, half the max-flow's time. Graphs of up to
 ``PURE_PYTHON_EDGES`` edges (a model of a few thousand ops) are solved here in Python
 (Dinic's algorithm, milliseconds); larger ones by scipy's C max-flow, imported only then:
 scipy's import costs more than the whole small solve (docs/architecture.md, "Performance").
@@ -30,15 +32,52 @@ def min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: li
     finite = cap >= 0
     total = float(cap[finite].sum()) or 1.0
     scaled = np.where(finite, np.maximum(np.rint(cap * ((_INF - 1) / total)), 1), _INF).astype(np.int64)
-    keys = np.asarray(rows, dtype=np.int64) * n_nodes + np.asarray(cols, dtype=np.int64)
+    rows, cols, scaled, relays = _bypass_relays(n_nodes, np.asarray(rows, dtype=np.int64),
+                                                np.asarray(cols, dtype=np.int64), scaled, source, sink)
+    node, before, after, cap_in, cap_out = relays
+    kept = np.ones(n_nodes, dtype=bool)
+    kept[node] = False
+    renumber = np.cumsum(kept) - 1  # the other nodes, numbered on in order
+    m = n_nodes - node.size
+    keys = renumber[rows] * m + renumber[cols]
     unique, where = np.unique(keys, return_inverse=True)
     summed = np.zeros(unique.size, dtype=np.int64)
     np.add.at(summed, where, scaled)  # repeated edges add up in int64, then are capped: never wrap around
     summed = np.minimum(summed, _INF)
-    heads, tails = np.divmod(unique, n_nodes)
+    heads, tails = np.divmod(unique, m)
+    s, t = renumber[source], renumber[sink]
     if unique.size <= PURE_PYTHON_EDGES:
-        return _dinic_side(n_nodes, heads.tolist(), tails.tolist(), summed.tolist(), source, sink)
-    return _scipy_side(n_nodes, heads, tails, summed.astype(np.int32), source, sink)
+        reduced = _dinic_side(m, heads.tolist(), tails.tolist(), summed.tolist(), s, t)
+    else:
+        reduced = _scipy_side(m, heads, tails, summed.astype(np.int32), s, t)
+    side = np.zeros(n_nodes, dtype=bool)
+    side[kept] = reduced
+    side[node] = side[before] & (side[after] | (cap_out < cap_in))
+    return side
+
+
+def _bypass_relays(n: int, heads: np.ndarray, tails: np.ndarray, caps: np.ndarray, s: int,
+                   t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
+    """Each relay ``v`` (not ``s`` or ``t``: one edge in, ``u -> v``, one out, ``v -> w``; no edge
+    between two relays) replaced by an edge ``u -> w`` of the smaller capacity (none where ``u``
+    is ``w``): every cut of the other nodes costs the same, ``v`` on its cheaper side. So the
+    smallest source side restricted to them is the same, and ``v`` is on it exactly when ``u`` is
+    and either ``w`` is or ``v -> w`` is the cheaper edge to cut (a tie leaves ``v`` out).
+    Returns the new edges and the relays as ``(v, u, w, cap in, cap out)`` arrays."""
+    relay = (np.bincount(tails, minlength=n) == 1) & (np.bincount(heads, minlength=n) == 1)
+    relay[[s, t]] = False
+    chained = relay[heads] & relay[tails]
+    relay[heads[chained]] = relay[tails[chained]] = False
+    into, out = relay[tails], relay[heads]
+    edge_in, edge_out = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    edge_in[tails[into]], edge_out[heads[out]] = np.flatnonzero(into), np.flatnonzero(out)
+    node = np.flatnonzero(relay)
+    e_in, e_out = edge_in[node], edge_out[node]
+    before, after, cap_in, cap_out = heads[e_in], tails[e_out], caps[e_in], caps[e_out]
+    new = before != after
+    keep = ~(into | out)
+    return (np.concatenate([heads[keep], before[new]]), np.concatenate([tails[keep], after[new]]),
+            np.concatenate([caps[keep], np.minimum(cap_in, cap_out)[new]]), (node, before, after, cap_in, cap_out))
 
 
 def _dinic_side(n: int, heads: list[int], tails: list[int], caps: list[int], s: int, t: int) -> np.ndarray:

@@ -69,3 +69,38 @@ def test_converting_a_small_model_does_not_import_scipy(tmp_path) -> None:
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def _infinite_path(rows: list[int], cols: list[int], caps: list[float]) -> bool:
+    """Whether infinite edges lead from 0 to 1 (no finite cut: any side is as good)."""
+    reached, stack = {0}, [0]
+    while stack:
+        u = stack.pop()
+        for r, c, k in zip(rows, cols, caps):
+            if r == u and k < 0 and c not in reached:
+                reached.add(c)
+                stack.append(c)
+    return 1 in reached
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bypassing_relays_keeps_the_cut(seed: int, monkeypatch) -> None:
+    # one-in, one-out nodes (a cast term's auxiliary node with a single reader) among others
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(100):
+        n, rows, cols, caps = _random_graph(rng)
+        extra = int(rng.integers(1, 20))
+        for v in range(n, n + extra):
+            rows += [int(rng.integers(0, n)), v]
+            cols += [v, int(rng.integers(0, n))]
+            caps += rng.choice([-1.0, 0.5, 1.0, 2.0], 2).tolist()
+        if _infinite_path(rows, cols, caps):
+            continue
+        checked += 1
+        ours = maxflow.min_cut_source_side(n + extra, rows, cols, caps, 0, 1)
+        monkeypatch.setattr(maxflow, "_bypass_relays", lambda n, h, t, c, s, k: (h, t, c, (np.zeros(0, int),) * 5))
+        plain = maxflow.min_cut_source_side(n + extra, rows, cols, caps, 0, 1)
+        monkeypatch.undo()
+        assert np.array_equal(ours, plain)
+    assert checked > 50
