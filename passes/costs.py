@@ -267,6 +267,7 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             energy.fixed_time += seconds
             energy.fixed_memory += held
 
+    terms, by_unit = energy.terms, energy.by_unit
     for t, prod, ends in tensor_endpoints(graph, ctx, timer, units):
         if t.kind in (CONSTANT, PARAMETER) and ends:
             _weight_memory(graph, energy, t, prod, ends, low)
@@ -276,12 +277,22 @@ def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> Pla
             if any(e[1] != (prod[1] if prod[0] == "fixed" else ends[0][1]) for e in ends):
                 energy.fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
             continue
-        idx = len(energy.terms)
-        energy.terms.append(TensorTerm(t.name, timer.cast_time(t, low), prod, ends))
-        for kind, v in [prod, *ends]:
-            if kind == "var" and idx not in energy.by_unit.setdefault(v, []):
-                energy.by_unit[v].append(idx)
+        idx = len(terms)
+        terms.append(TensorTerm(t.name, timer.cast_time(t, low), prod, ends))
+        _index_term(by_unit, idx, prod)
+        for end in ends:
+            _index_term(by_unit, idx, end)
     return energy
+
+
+def _index_term(by_unit: dict[int, list[int]], idx: int, end: Endpoint) -> None:
+    """List term ``idx`` under ``end``'s unit, once (terms are indexed in order: a repeat is last)."""
+    if end[0] == "var":
+        touching = by_unit.get(end[1])
+        if touching is None:
+            by_unit[end[1]] = [idx]
+        elif touching[-1] != idx:
+            touching.append(idx)
 
 
 def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> float:
