@@ -129,7 +129,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                      patterns={"--exclude-nodes": ctx.user_rules.exclude_nodes,
                                "--include-nodes": ctx.user_rules.include_nodes})
     merged = merge_duplicates(imp, keep=set(ctx.deny_nodes or ()))  # as ONNX Runtime will at load: priced once
-    trained = training_mode_note(model, nested=len(imp.graphs) > 1)  # the source's nodes, before emission
+    nested = len(imp.graphs) > 1  # subgraphs to look into (else no node's attributes are read)
+    trained = training_mode_note(model, nested=nested)  # the source's nodes, before emission
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
@@ -140,7 +141,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     # a waveform's samples are sized as one second of audio and an image's sides as 224 pixels unless
     # --dim says otherwise, a decoder's total_sequence as past_sequence + sequence ("Input handling")
     sizes = {**natural_dims(model), **(dim_values or {})}
-    if carries_cache(model):
+    if carries_cache(model, nested=nested):
         sizes.update(derived_sizes(model, sizes, default_dim))
     result = run_passes(imp.graph, ctx, source, sizes or None)
     if progress:
