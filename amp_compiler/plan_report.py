@@ -46,35 +46,14 @@ def build_report(result: PlanResult) -> Report:
                                  _cast_reason(graph, op, consumers, ctx.keep_io_types) if op.inserted
                                  else "cast in the source model"),
                       "inserted": op.inserted, "output": out.name})
-    ops = []
-    gemm_flops = low_gemm_flops = 0.0
-    unknown = set()
-    for op in graph.ops.values():
-        if op.inserted:
-            continue
-        flops = timer.flops(op) if timer else 0.0
-        precision = op.precision or "n/a"
-        if op.tensor_core:
-            gemm_flops += flops
-            if precision in LOW_PRECISION:
-                low_gemm_flops += flops
-        if op.op_class == UNKNOWN:
-            unknown.add(f"{op.domain}::{op.op_type}" if op.domain else op.op_type)
-        low = ctx.low_dtype
-        ops.append({
-            "name": op.name, "op_type": op.op_type, "canonical": op.canonical or "", "class": op.op_class,
-            "precision": precision, "reason": op.reason,
-            "flops": flops, "bytes": timer.bytes(op, op.precision or FLOAT32) if timer else 0.0,
-            "predicted_time_fp32_s": timer.time(op, FLOAT32) if timer and op.has_unit_ports else 0.0,
-            "predicted_time_fp16_s": timer.time(op, low) if timer and op.has_unit_ports else 0.0,
-            "casts": casts_caused.get(op.name, 0),
-            **({"scope": op.scope} if op.scope else {}),
-            "inputs": [t for t in op.inputs if t], "outputs": [t for t in op.outputs if t],  # schema 1.1
-        })
-    n_low = sum(1 for o in ops if o["precision"] in LOW_PRECISION)
+    ops, tensor_core, unknown = _op_rows(graph, timer, ctx.low_dtype, casts_caused)
+    gemm_flops = sum((o["flops"] for o in tensor_core), 0.0)
+    low_gemm_flops = sum((o["flops"] for o in tensor_core if o["precision"] in LOW_PRECISION), 0.0)
+    precisions = Counter(o["precision"] for o in ops)
+    n_low = sum(n for precision, n in precisions.items() if precision in LOW_PRECISION)
     fp32_t, mixed_t, all_low_t = pred.fp32_s, pred.mixed_s, pred.all_low_s
     summary = {
-        "nodes": len(ops), "fp16_nodes": n_low, "fp32_nodes": sum(1 for o in ops if o["precision"] == FLOAT32),
+        "nodes": len(ops), "fp16_nodes": n_low, "fp32_nodes": precisions[FLOAT32],
         "casts": len(casts), "inserted_casts": sum(1 for c in casts if c["inserted"]),
         "cast_bytes": sum(c["bytes"] for c in casts),
         "gemm_flops": gemm_flops,
@@ -89,7 +68,7 @@ def build_report(result: PlanResult) -> Report:
         **_plan_fields(result),
         **_saturated(result),
         **_nothing_to_do(result),
-        **_guessed_gemm_sizes(graph, ops, gemm_flops),
+        **_guessed_gemm_sizes(graph, tensor_core, gemm_flops),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -105,6 +84,36 @@ def build_report(result: PlanResult) -> Report:
     fill_memory(data)  # summary's predicted_memory_* keys: the one estimate (report_memory.py)
     _why_with_memory(summary)
     return Report(data)
+
+
+def _op_rows(graph: PrecisionGraph, timer, low: str, casts_caused: dict[str, int]
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
+    """The report's op rows (source ops only, in graph order), the tensor-core ones among them, and
+    the unknown op types met; each op visited once."""
+    rows, tensor_core, unknown = [], [], set()
+    timed = bool(timer)
+    for op in graph.ops.values():
+        if op.inserted:
+            continue
+        precision = op.precision or "n/a"
+        priced = timed and op.has_unit_ports
+        row = {
+            "name": op.name, "op_type": op.op_type, "canonical": op.canonical or "", "class": op.op_class,
+            "precision": precision, "reason": op.reason,
+            "flops": timer.flops(op) if timed else 0.0,
+            "bytes": timer.bytes(op, op.precision or FLOAT32) if timed else 0.0,
+            "predicted_time_fp32_s": timer.time(op, FLOAT32) if priced else 0.0,
+            "predicted_time_fp16_s": timer.time(op, low) if priced else 0.0,
+            "casts": casts_caused.get(op.name, 0),
+            **({"scope": op.scope} if op.scope else {}),
+            "inputs": [t for t in op.inputs if t], "outputs": [t for t in op.outputs if t],  # schema 1.1
+        }
+        rows.append(row)
+        if op.tensor_core:
+            tensor_core.append(row)
+        if op.op_class == UNKNOWN:
+            unknown.add(f"{op.domain}::{op.op_type}" if op.domain else op.op_type)
+    return rows, tensor_core, unknown
 
 
 def _why_with_memory(summary: dict[str, Any]) -> None:
@@ -152,25 +161,25 @@ def _raised_from_low(graph: PrecisionGraph, ops: list, low: int, raised: list) -
             f"by a rule with {casts} casts ({said})")
 
 
-def _guessed_gemm_sizes(graph: PrecisionGraph, ops: list[dict], gemm_flops: float) -> dict[str, Any]:
-    """``guessed_gemm_sizes``: one line when tensor-core ops read a dim that no input declares (a
-    symbol shape inference made up, sized ``--default-dim`` whatever ``--dim`` says), so their
-    FLOPs are a guess whatever the plan; a TorchScript Swin all FP16 had said nothing of its 13
-    MatMuls priced so."""
+def _guessed_gemm_sizes(graph: PrecisionGraph, tensor_core: list[dict], gemm_flops: float) -> dict[str, Any]:
+    """``guessed_gemm_sizes``: one line when tensor-core ops (``tensor_core``: their report rows) read
+    a dim that no input declares (a symbol shape inference made up, sized ``--default-dim`` whatever
+    ``--dim`` says), so their FLOPs are a guess whatever the plan; a TorchScript Swin all FP16 had
+    said nothing of its 13 MatMuls priced so."""
     sizes = graph.dim_values()
-    verdicts: dict[str, bool] = {}  # per symbol: a 100k-node graph repeats a handful of them
-
-    def made_up_dim(d: str) -> bool:
-        verdict = verdicts.get(d)
-        if verdict is None:
-            verdict = verdicts[d] = bool(sizes.unsized(d) - sizes.declared)
-        return verdict
+    verdicts: dict[tuple, bool] = {}  # per shape: a 100k-node graph repeats a handful of them
 
     def made_up(name: str) -> bool:
         shape = graph.tensors[name].shape if name in graph.tensors else None
-        return any(isinstance(d, str) and made_up_dim(d) for d in shape or ())
+        if not shape:
+            return False
+        verdict = verdicts.get(shape)
+        if verdict is None:
+            verdict = verdicts[shape] = any(isinstance(d, str) and bool(sizes.unsized(d) - sizes.declared)
+                                            for d in shape)
+        return verdict
 
-    guessed = [o for o in ops if graph.ops[o["name"]].tensor_core and any(made_up(t) for t in o["inputs"])]
+    guessed = [o for o in tensor_core if any(made_up(t) for t in o["inputs"])]
     if not guessed:
         return {}
     share = sum(o["flops"] for o in guessed) / gemm_flops if gemm_flops else 0.0

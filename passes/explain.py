@@ -200,6 +200,12 @@ def _named_apart(graph: PrecisionGraph, reason: str) -> str:
     return _QUOTED_OP.sub(typed, reason)
 
 
+def _held_by(graph: PrecisionGraph, op) -> str:
+    """The rule holding ``op`` FP32, worded so that one rule counts once (``_named_apart``)."""
+    return _named_apart(graph, _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
+                                                  op.reason.split(": ", 1)[-1]))
+
+
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int, int]:
     """(lines, casts at graph inputs/outputs, casts of weights stored FP32): what the casts of ``plan``
     border: ops that stay FP32 whatever the plan (deny, a numerics rule, out of the eligible region;
@@ -222,9 +228,9 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
         if fixed:  # one cast read by a LayerNorm's ReduceMean and Sub is one cast at both
             borders[tuple(sorted({op.op_type for op in fixed}))] += 1
-            held.update({op.name: _named_apart(graph, _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
-                                                                         op.reason.split(": ", 1)[-1]))
-                         for op in fixed})
+            for op in fixed:  # each op's rule worded once, however many casts it borders
+                if op.name not in held:
+                    held[op.name] = _held_by(graph, op)
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
             weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
         elif (owner := _at_subgraph(graph, t)) is not None:
