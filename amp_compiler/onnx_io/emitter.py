@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from ..ir import PrecisionGraph, Tensor
 from ..registry import DEFAULT_REGISTRY
@@ -50,19 +50,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
         elif node is None:  # inserted by a pass
             node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
         else:
-            if node.op_type != op.op_type:  # an RMSNorm's Mul(x, 1/s) written as Div(x, s)
-                node.op_type = op.op_type
-            if list(node.input) != op.inputs:
-                del node.input[:]
-                node.input.extend(op.inputs)
-            source_outputs = list(node.output)  # a kept graph output is renamed: its old name has the old dtype
-            if source_outputs != op.outputs:
-                del node.output[:]
-                node.output.extend(op.outputs)
-            if op.op_type == "Constant" and op.outputs and graph.tensors[op.outputs[0]].saturate_to is not None:
-                _saturate_constant(node, graph.tensors[op.outputs[0]].saturate_to)  # before any retyping
-            if op.outputs and op.outputs[0] and source_outputs:
-                _retarget_dtype_attrs(graph, node, op.outputs, [original.get(source_outputs[0])])
+            _rewrite_node(graph, node, op, original)
         scopes[op.scope].append(node)
     # innermost subgraphs first: replacing an outer graph's nodes copies the subgraphs they hold
     for scope in sorted(imp.graphs, key=lambda s: _depth(graph, s), reverse=True):
@@ -75,6 +63,29 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
     return model
 
 
+def _rewrite_node(graph: PrecisionGraph, node: NodeProto, op, original: dict) -> None:
+    """Bring a source node in line with its op: type, inputs, outputs, dtype attributes. Most
+    nodes keep their wiring; each field is compared in place, not copied out of the proto."""
+    if node.op_type != op.op_type:  # an RMSNorm's Mul(x, 1/s) written as Div(x, s)
+        node.op_type = op.op_type
+    if node.input != op.inputs:
+        del node.input[:]
+        node.input.extend(op.inputs)
+    outputs = op.outputs
+    first = outputs[0] if outputs else None  # the source's first output: a kept graph output is renamed,
+    if node.output != outputs:               # and its old name has the old dtype
+        first = node.output[0] if node.output else None
+        del node.output[:]
+        node.output.extend(outputs)
+    if op.op_type == "Constant" and outputs and graph.tensors[outputs[0]].saturate_to is not None:
+        _saturate_constant(node, graph.tensors[outputs[0]].saturate_to)  # before any retyping
+    if first is not None and outputs and outputs[0]:
+        before = original.get(first)
+        dtype = graph.tensors[outputs[0]].dtype
+        if before is not None and dtype != before and dtype in _CODES:  # most ops: dtype unchanged
+            _retarget_dtype_attrs(node, dtype)
+
+
 def _depth(graph: PrecisionGraph, scope: str) -> int:
     depth = 0
     while scope:
@@ -84,20 +95,14 @@ def _depth(graph: PrecisionGraph, scope: str) -> int:
     return depth
 
 
-def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[str],
-                          before: list[str | None]) -> None:
-    """Ops whose output dtype is an attribute: make the attribute match the new output dtype
-    (``before``: the first output's dtype in the source; only it is compared).
+def _retarget_dtype_attrs(node: NodeProto, dtype: str) -> None:
+    """Ops whose output dtype is an attribute: make the attribute say ``dtype``, the first
+    output's new dtype (``_rewrite_node`` calls this where it differs from the source's).
 
     An attribute left at its schema default is written out explicitly (ConstantOfShape's
     default ``value`` is an FP32 zero, RandomNormal's default ``dtype`` is FP32), and
     Constant's ``value_float(s)`` become a ``value`` tensor of the new dtype.
     """
-    if not outputs or not outputs[0]:
-        return
-    t = graph.tensors[outputs[0]]
-    if not before or before[0] is None or t.dtype == before[0] or t.dtype not in _CODES:
-        return
     row = DEFAULT_REGISTRY.lookup_onnx(node.domain, node.op_type)
     wanted = set(row.dtype_attrs) if row else set()
     if not wanted and not node.attribute:
@@ -107,17 +112,17 @@ def _retarget_dtype_attrs(graph: PrecisionGraph, node: NodeProto, outputs: list[
     for i, a in enumerate(node.attribute):
         present.add(a.name)
         if a.name in int_attrs and a.type == a.INT:
-            a.i = dtype_to_onnx(t.dtype)
+            a.i = dtype_to_onnx(dtype)
         elif a.name == "value" and a.type == a.TENSOR:
-            converted = to_dtype(numpy_helper.to_array(a.t), t.dtype)
+            converted = to_dtype(numpy_helper.to_array(a.t), dtype)
             a.t.CopyFrom(numpy_helper.from_array(converted, a.t.name))
         elif node.op_type == "Constant" and a.name in ("value_float", "value_floats"):
             values = np.asarray(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
-            node.attribute[i].CopyFrom(helper.make_attribute("value", _tensor(to_dtype(values, t.dtype))))
+            node.attribute[i].CopyFrom(helper.make_attribute("value", _tensor(to_dtype(values, dtype))))
     if "value" in wanted and "value" not in present and node.op_type == "ConstantOfShape":
-        node.attribute.append(helper.make_attribute("value", _tensor(to_dtype(np.zeros(1, np.float32), t.dtype))))
+        node.attribute.append(helper.make_attribute("value", _tensor(to_dtype(np.zeros(1, np.float32), dtype))))
     if "dtype" in wanted and "dtype" not in present:
-        node.attribute.append(helper.make_attribute("dtype", dtype_to_onnx(t.dtype)))
+        node.attribute.append(helper.make_attribute("dtype", dtype_to_onnx(dtype)))
 
 
 def _tensor(values: np.ndarray) -> TensorProto:
@@ -132,7 +137,10 @@ def _write_initializers(imp: OnnxImport, g: GraphProto, scope: str) -> None:
     With ``imp.pending`` (a list: ``convert_onnx``) the main graph's constants folded from in-memory
     FP32 bytes are listed there instead, to be cast while the file is written (``stream``)."""
     graph = imp.graph
-    used = {name for op in graph.ops.values() for name in op.inputs if name}
+    used = set()
+    for op in graph.ops.values():
+        used.update(op.inputs)
+    used.discard("")
     used |= {t.name for t in graph.tensors.values() if t.is_graph_output}
     declared = {i.name for i in g.input}
     unused = [i for i, init in enumerate(g.initializer) if init.name not in used and init.name not in declared]
@@ -219,18 +227,30 @@ def to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def _update_types(graph: PrecisionGraph, g: GraphProto, scope: str, original: dict) -> None:
     described = set()
-    for vi in (*g.input, *g.output, *g.value_info):
-        t = graph.tensors.get(vi.name)
-        described.add(vi.name)
+    stale = []
+    tensors = graph.tensors
+    for k, vi in enumerate((*g.input, *g.output, *g.value_info)):
+        name = vi.name
+        t = tensors.get(name)
+        described.add(name)
         if t is not None and t.dtype and vi.type.HasField("tensor_type") and t.dtype in _CODES:
             vi.type.tensor_type.elem_type = _CODES[t.dtype]
-    stale = [vi for vi in g.value_info if vi.name not in graph.tensors or not _alive(graph, graph.tensors[vi.name])]
+        if k >= len(g.input) + len(g.output) and (t is None or not _alive(graph, t)):
+            stale.append(vi)
     for vi in stale:
         g.value_info.remove(vi)
-    for t in graph.tensors.values():
-        if t.scope == scope and t.name not in described and t.dtype in _CODES and t.producer \
-                and t.name not in original:
-            g.value_info.append(helper.make_tensor_value_info(t.name, _CODES[t.dtype], _dims(t)))
+    types: dict[tuple, TypeProto] = {}  # (elem type, dims) -> the type of the new values that have it
+    for t in tensors.values():
+        if t.name not in original and t.scope == scope and t.name not in described and t.dtype in _CODES \
+                and t.producer:
+            dims = _dims(t)
+            key = (_CODES[t.dtype], None if dims is None else tuple(dims))
+            type_proto = types.get(key)
+            if type_proto is None:
+                type_proto = types[key] = helper.make_tensor_type_proto(key[0], dims)
+            vi = g.value_info.add()  # as helper.make_tensor_value_info builds it
+            vi.name = t.name
+            vi.type.CopyFrom(type_proto)
 
 
 def _alive(graph: PrecisionGraph, t: Tensor) -> bool:
