@@ -55,18 +55,24 @@ _VALIDATION_KEYS = ("tolerance", "passed", "outputs", "overflows")
 _VOUT_KEYS = ("name", "max_abs_error", "max_rel_error", "passed")
 
 
-def _ordered(d: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    """``d`` with ``keys`` first (in that order), then the remaining keys sorted."""
-    out = {k: d[k] for k in keys if k in d}
-    for k in sorted((k for k in d if k not in out), key=str):
-        out[k] = d[k]
-    return out
+def _ordered(d: Mapping[str, Any], keys: Sequence[str], orders: dict[tuple, tuple] | None = None) -> dict[str, Any]:
+    """``d`` with ``keys`` first (in that order), then the remaining keys sorted. ``orders`` caches
+    the order per key tuple of ``d`` (the rows of one list share a few)."""
+    present = tuple(d)
+    order = orders.get(present) if orders is not None else None
+    if order is None:
+        order = tuple(k for k in keys if k in d)
+        order += tuple(sorted((k for k in d if k not in order), key=str))
+        if orders is not None and all(type(k) is str for k in present):
+            orders[present] = order
+    return dict(d) if order == present else {k: d[k] for k in order}
 
 
 def _ordered_list(items: Any, keys: Sequence[str]) -> Any:
     if not isinstance(items, list):
         return items
-    return [_ordered(x, keys) if isinstance(x, Mapping) else x for x in items]
+    orders: dict[tuple, tuple] = {}
+    return [_ordered(x, keys, orders) if isinstance(x, Mapping) else x for x in items]
 
 
 def _json_default(obj: Any) -> Any:
