@@ -70,9 +70,11 @@ def _mismatched_unit_ports(graph: PrecisionGraph):
     tensors = graph.tensors
     for op in graph.ops.values():
         precision = op.precision
-        if precision is None or UNIT not in op.input_roles and UNIT not in op.output_roles:
+        if precision is None:
             continue
         for kind, names, roles in (("in", op.inputs, op.input_roles), ("out", op.outputs, op.output_roles)):
+            if UNIT not in roles:
+                continue
             for port, (name, role) in enumerate(zip(names, roles)):
                 if role == UNIT and name:
                     dtype = tensors[name].dtype
@@ -81,27 +83,34 @@ def _mismatched_unit_ports(graph: PrecisionGraph):
 
 
 def _retype_outputs(graph: PrecisionGraph) -> None:
+    tensors = graph.tensors
     for op in graph.ops.values():
-        if op.precision is None:
+        if op.precision is None or UNIT not in op.output_roles:
             continue
         for port, name in enumerate(op.outputs):
             if name and op.output_roles[port] == UNIT:
-                graph.tensors[name].dtype = op.precision
+                tensors[name].dtype = op.precision
 
 
 def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, ctx: PlanContext) -> dict[str, list]:
     """dtype -> consumer ports wanting it (``("output", None)`` for a kept graph output)."""
     want: dict[str, list] = {}
-    for cname, port in t.consumers:
-        op = graph.ops[cname]
-        role = op.input_roles[port] if port < len(op.input_roles) else FIXED
+    ops = graph.ops
+    for consumer in t.consumers:
+        op = ops[consumer[0]]
+        roles, port = op.input_roles, consumer[1]
+        role = roles[port] if port < len(roles) else FIXED
         if role == UNIT and op.precision:
             dtype = op.precision
-        elif role in (ANY, OTHER):
+        elif role == ANY or role == OTHER:
             continue
         else:
             dtype = original
-        want.setdefault(dtype, []).append((cname, port))
+        ports = want.get(dtype)
+        if ports is None:
+            want[dtype] = [consumer]
+        else:
+            ports.append(consumer)
     return want
 
 
@@ -192,21 +201,25 @@ def _place(graph: PrecisionGraph, new_ops: dict) -> None:
         return
     ordered: dict[str, Op] = {}
     started: set[str] = set()
+    placed: list[Op] = []  # the casts, in their new order
+
+    def put(casts: list[Op]) -> None:
+        placed.extend(casts)
+        ordered.update((cast.name, cast) for cast in casts)
+
     for name, op in graph.ops.items():
         if op.scope not in started:
             started.add(op.scope)
-            for cast in new_ops.pop(f"scope:{op.scope}", []):
-                ordered[cast.name] = cast
+            put(new_ops.pop(f"scope:{op.scope}", ()))
         ordered[name] = op
-        for cast in new_ops.pop(name, []):
-            ordered[cast.name] = cast
+        casts = new_ops.pop(name, None)  # most ops have none
+        if casts:
+            put(casts)
     for casts in new_ops.values():  # scopes without ops of their own (an empty subgraph body)
-        for cast in casts:
-            ordered[cast.name] = cast
-    new_names = [n for n in ordered if n not in graph.ops]
+        put(casts)
     graph.ops = ordered
-    for name in new_names:
-        graph._link(ordered[name])
+    for cast in placed:
+        graph._link(cast)
 
 
 def _is_cast(op: Op) -> bool:
