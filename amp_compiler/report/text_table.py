@@ -5,6 +5,8 @@ docs/architecture.md, "Report".
 
 from __future__ import annotations
 
+import functools
+import re
 import unicodedata
 from typing import Any, Sequence
 
@@ -17,6 +19,10 @@ _ELLIPSIS = "…"
 _MORE_HINT = "see --report report.json"
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+@functools.lru_cache(maxsize=None)
 def _char_width(c: str) -> int:
     if unicodedata.combining(c):
         return 0
@@ -24,13 +30,16 @@ def _char_width(c: str) -> int:
 
 
 def display_width(s: str) -> int:
+    """Terminal columns of ``s``: one per ASCII character, the others looked up (once per character)."""
     if s.isascii():
         return len(s)
-    return sum(_char_width(c) for c in s)
+    return len(s) + sum(_char_width(c) - 1 for c in _NON_ASCII.findall(s))
 
 
 def _take(s: str, w: int) -> str:
     """Longest prefix of ``s`` with display width <= w."""
+    if s.isascii() or all(_char_width(c) == 1 for c in _NON_ASCII.findall(s)):
+        return s[:max(w, 0)]  # one column per character (a "µs" or "…" among ASCII)
     out, used = [], 0
     for c in s:
         cw = _char_width(c)
