@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .report_memory import predicted_memory
 

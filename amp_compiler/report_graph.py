@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 NODE_W, NODE_H, ROW_H, COL_W, PAD = 132, 26, 50, 172, 24
 MAX_DRAWN = 4000  # ops; beyond this the SVG would be slower to open than the table is to read

@@ -11,7 +11,8 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..atomic import Staging, atomic_write
 from .formatting import clean, fmt_count

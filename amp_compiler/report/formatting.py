@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from .schema import PRECISION_LABEL
 
@@ -18,6 +19,8 @@ def is_num(x: Any) -> bool:
 
 def num(x: Any) -> float | None:
     """``x`` as a float, or None when it is not a number (bools are not numbers)."""
+    if type(x) is float:  # most report values
+        return x
     if is_num(x):
         return float(x)
     # numpy scalars and the like, without importing numpy

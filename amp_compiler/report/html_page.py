@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable, Mapping, Sequence
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
 
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
                          fmt_time, overflow_lines, num, plural, ratio)
@@ -231,10 +233,14 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     return "\n".join(parts)
 
 
+_SPECIAL = re.compile("[&<>\"']").search  # what html.escape(quote=True) rewrites
+
+
 def esc(x: Any) -> str:
     if x is None:
         return ""
-    return html.escape(str(x), quote=True)
+    s = str(x)
+    return html.escape(s, quote=True) if _SPECIAL(s) else s  # most text has nothing to escape
 
 
 def prec_css(p: str) -> str:
@@ -250,4 +256,4 @@ def num_td(x: Any, fmt: Callable[[Any], str]) -> str:
     v = num(x)
     key = "" if v is None else ("Infinity" if v == math.inf else
                                 "-Infinity" if v == -math.inf else repr(v))
-    return f'<td class="num" data-sort="{esc(key)}">{esc(fmt(x))}</td>'
+    return f'<td class="num" data-sort="{key}">{esc(fmt(x))}</td>'  # a float's repr needs no escaping

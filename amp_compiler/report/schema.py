@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 SCHEMA_VERSION = "1.1"  # 1.1: ops inputs/outputs, casts output, tensors, memory (docs/report-schema.md)
 

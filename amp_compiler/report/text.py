@@ -7,7 +7,7 @@ docs/architecture.md, "Report".
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping
+from collections.abc import Mapping
 
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
                          fmt_time, overflow_lines, num, plural, short_dtype)
