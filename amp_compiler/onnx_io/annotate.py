@@ -37,55 +37,21 @@ def annotate_model(model: ModelProto, report: Any, nodes: list[NodeProto] | None
     inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
     if nodes is None:
         nodes = list(walk_nodes(model.graph))  # walked once: each walk reads every node's attributes
-    cast_outputs = {c["output"] for c in inserted}
-    by_output.update(dict.fromkeys(cast_outputs, {}))  # matched now, filled in once their readers are known
-    matched, readers = _match(nodes, by_output, _cast_readers(data, cast_outputs))
+    readers = _readers(nodes, {c["output"] for c in inserted})
     for cast in inserted:
         out = cast["output"]
         edge = f"{cast.get('tensor')} -> {', '.join(readers.get(out, [])) or 'graph output'}"
         by_output[out] = {"precision": str(cast.get("to") or ""), "class": "inserted cast",
                           "reason": str(cast.get("reason") or ""),
                           "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
-    annotate = _set_metadata if model.ir_version >= METADATA_IR_VERSION else _set_doc
-    for node, out in matched:
-        annotate(node, by_output[out])
-    return model
-
-
-def _cast_readers(data: Mapping[str, Any], cast_outputs: set[str]) -> tuple[set[str], set[str]]:
-    """(``cast_outputs``, the outputs of the report's ops and casts that may read one of them): the
-    nodes ``_match`` reads the inputs of, found from the report's rows without reading every node's
-    (a row without ``inputs``, schema 1.0, may read one)."""
-    reading: set[str] = set()
-    if cast_outputs:
-        for op in data.get("ops") or []:
-            inputs = op.get("inputs")
-            if inputs is None or not cast_outputs.isdisjoint(inputs):
-                reading.update(op.get("outputs") or ())
-        reading.update(c.get("output") for c in data.get("casts") or []
-                       if c.get("tensor") is None or c.get("tensor") in cast_outputs)
-    return cast_outputs, reading
-
-
-def _match(nodes: list[NodeProto], by_output: Mapping[str, Any], cast_readers: tuple[set[str], set[str]]
-           ) -> tuple[list[tuple[NodeProto, str]], dict[str, list[str]]]:
-    """(each node with a report entry and the output it was matched by, the nodes reading each cast
-    output in ``cast_readers[0]``); one walk. The inputs read are those of the nodes the report says
-    read a cast (``_cast_readers``) and of nodes it does not list."""
-    cast_outputs, reading = cast_readers
-    matched, readers = [], {}
+    use_metadata = model.ir_version >= METADATA_IR_VERSION
+    annotate = _set_metadata if use_metadata else _set_doc
     for node in nodes:
-        out = None
         for o in node.output:
             if o in by_output:
-                out = o
-                matched.append((node, o))
+                annotate(node, by_output[o])
                 break
-        if cast_outputs and (out is None or out in reading):
-            for t in node.input:
-                if t in cast_outputs:
-                    readers.setdefault(t, []).append(node.name or node.op_type)
-    return matched, readers
+    return model
 
 
 def record_modules(model: ModelProto, report: Any, nodes: list[NodeProto] | None = None) -> ModelProto:
@@ -172,6 +138,17 @@ def walk_nodes(graph: GraphProto, nested: bool = True) -> Iterator[NodeProto]:
             elif attr.type == AttributeProto.GRAPHS:
                 for g in attr.graphs:
                     yield from walk_nodes(g)
+
+
+def _readers(nodes: list[NodeProto], tensors: set[str]) -> dict[str, list[str]]:
+    """The nodes (of ``nodes``) reading each of ``tensors``."""
+    out: dict[str, list[str]] = {}
+    if tensors:
+        for node in nodes:
+            for t in node.input:
+                if t in tensors:
+                    out.setdefault(t, []).append(node.name or node.op_type)
+    return out
 
 
 __all__ = ["PREFIX", "annotate_model", "annotated_fraction", "earlier_fp32", "record_modules", "walk_nodes"]
