@@ -198,9 +198,10 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
     dtypes = [t.get("dtype") if t else None for t in rows_of]
     numel = np.array([int(t.get("numel") or 0) if t else 0 for t in rows_of], dtype=np.int64)
     item = np.array([itemsize(t.get("dtype")) if t else 0 for t in rows_of], dtype=np.int64)
-    start = np.where(np.array([k == INPUT for k in kind]), 0, first)
-    counted = (np.array([k != WEIGHT for k in kind]) & ~np.concatenate([is_view_row, np.zeros(len(cast_ids), bool)])
-               & ((end >= 0) | go) & (start >= 0) & (start != NEVER))
+    start = np.where(np.array([k == INPUT for k in kind], dtype=bool), 0, first)
+    stored = ~np.concatenate([is_view_row, np.zeros(len(cast_ids), dtype=bool)])
+    counted = (np.array([k != WEIGHT for k in kind], dtype=bool) & stored & ((end >= 0) | go)
+               & (start >= 0) & (start != NEVER))
     final = np.where(go, last, np.where(end >= 0, end, start))
     source = np.arange(len(rows_of)) < len(names)  # a cast's copy exists in the mixed plan only
     planned = np.array([d in _PLANNED for d in dtypes], dtype=bool)

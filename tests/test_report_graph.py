@@ -128,6 +128,13 @@ def test_a_view_shares_its_source_storage():
     assert s["predicted_memory_activations_fp32_bytes"] == 2 * 64 * n * 4  # a view counted would make it 3
 
 
+def test_memory_of_a_report_without_float_tensors_is_zero():
+    """An Identity over a sequence (ONNX's node suite): no float tensor, so no rows; the walk's
+    empty arrays had been float64 and failed in numpy ("ufunc 'bitwise_and' not supported")."""
+    ops = [{"name": "id", "inputs": ["seq"], "outputs": ["out"], "canonical": "identity"}]
+    assert predicted_memory({"tensors": [], "ops": ops, "casts": []}) == {key: 0 for key in (*MEMORY_KEYS, *TOTAL_KEYS)}
+
+
 def test_a_view_returned_as_an_output_keeps_its_source_to_the_end():
     """x -> MatMul -> Reshape (graph output v) -> Relu -> Sigmoid: v is returned, so h (its storage)
     lives to the end, beside y and z; a read of v by the Relu had ended h there."""
