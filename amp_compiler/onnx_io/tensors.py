@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto, TensorProto
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
 from ..errors import ConversionError
 
@@ -154,37 +154,52 @@ def type_name(code: int) -> str:
         return f"type {code}"
 
 
+#: attribute types that hold no tensor nor graph (onnx's checker refuses such an attribute with
+#: one set); any other type, unset included, has each of its tensor and graph fields looked at
+_PLAIN_ATTRS = frozenset({AttributeProto.FLOAT, AttributeProto.INT, AttributeProto.STRING, AttributeProto.FLOATS,
+                          AttributeProto.INTS, AttributeProto.STRINGS, AttributeProto.TYPE_PROTO,
+                          AttributeProto.TYPE_PROTOS})
+
+
 def iter_tensors(model: ModelProto) -> Iterator[TensorProto]:
-    """Every TensorProto that can hold weights: initializers, attribute tensors, sparse values; all scopes."""
-
-    def graph(g) -> Iterator[TensorProto]:
-        yield from g.initializer
-        for sparse in g.sparse_initializer:
-            yield sparse.values
-        for node in g.node:
-            yield from nodes(node)
-
-    def nodes(node: NodeProto) -> Iterator[TensorProto]:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
-            yield from a.tensors
-            if a.HasField("sparse_tensor"):
-                yield a.sparse_tensor.values
-            for s in a.sparse_tensors:
-                yield s.values
-            if a.HasField("g"):
-                yield from graph(a.g)
-            for sub in a.graphs:
-                yield from graph(sub)
-
-    yield from graph(model.graph)
+    """Every TensorProto that can hold weights: initializers, attribute tensors, sparse values; all scopes.
+    Each attribute's type is read first: a scalar's six tensor and graph fields are not (0.3 s per
+    walk at 100k nodes)."""
+    yield from _graph_tensors(model.graph)
     for fn in model.functions:
         for node in fn.node:
-            yield from nodes(node)
+            if node.attribute:
+                yield from _attribute_tensors(node.attribute)
     for info in model.training_info:
-        yield from graph(info.initialization)
-        yield from graph(info.algorithm)
+        yield from _graph_tensors(info.initialization)
+        yield from _graph_tensors(info.algorithm)
+
+
+def _graph_tensors(g: GraphProto) -> Iterator[TensorProto]:
+    yield from g.initializer
+    for sparse in g.sparse_initializer:
+        yield sparse.values
+    for node in g.node:
+        attributes = node.attribute
+        if attributes:  # most nodes have none
+            yield from _attribute_tensors(attributes)
+
+
+def _attribute_tensors(attributes) -> Iterator[TensorProto]:
+    for a in attributes:
+        if a.type in _PLAIN_ATTRS:
+            continue
+        if a.HasField("t"):
+            yield a.t
+        yield from a.tensors
+        if a.HasField("sparse_tensor"):
+            yield a.sparse_tensor.values
+        for s in a.sparse_tensors:
+            yield s.values
+        if a.HasField("g"):
+            yield from _graph_tensors(a.g)
+        for sub in a.graphs:
+            yield from _graph_tensors(sub)
 
 
 def iter_chunks(tensor: TensorProto, base_dir: str | os.PathLike | None = None,
