@@ -29,9 +29,12 @@ def annotate_model(model: ModelProto, report: Any, nodes: list[NodeProto] | None
     ``nodes``: ``model``'s nodes, subgraphs included, where the caller has them (``walk_nodes``)."""
     data = getattr(report, "data", report)
     by_output: dict[str, dict[str, str]] = {}
+    decisions: dict[tuple, dict[str, str]] = {}  # one dict per distinct decision: its doc line built once
     for op in data.get("ops") or []:
-        fields = {"precision": str(op.get("precision") or "n/a"), "class": str(op.get("class") or ""),
-                  "reason": str(op.get("reason") or "")}
+        key = (str(op.get("precision") or "n/a"), str(op.get("class") or ""), str(op.get("reason") or ""))
+        fields = decisions.get(key)
+        if fields is None:
+            fields = decisions[key] = {"precision": key[0], "class": key[1], "reason": key[2]}
         for t in op.get("outputs") or ():
             by_output[t] = fields
     inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
@@ -45,12 +48,21 @@ def annotate_model(model: ModelProto, report: Any, nodes: list[NodeProto] | None
                           "reason": str(cast.get("reason") or ""),
                           "cast": f"{cast.get('from')} -> {cast.get('to')} on {edge}"}
     use_metadata = model.ir_version >= METADATA_IR_VERSION
-    annotate = _set_metadata if use_metadata else _set_doc
+    lines: dict[int, str] = {}  # id(fields) -> doc line
     for node in nodes:
-        for o in node.output:
-            if o in by_output:
-                annotate(node, by_output[o])
-                break
+        outputs = node.output
+        fields = by_output.get(outputs[0]) if outputs else None  # most nodes: the first output is the op's
+        if fields is None and len(outputs) > 1:
+            fields = next((by_output[o] for o in outputs if o in by_output), None)
+        if fields is None:
+            continue
+        if use_metadata:
+            _set_metadata(node, fields)
+        else:
+            line = lines.get(id(fields))
+            if line is None:
+                line = lines[id(fields)] = _DOC_TAG + "; ".join(map("=".join, fields.items()))
+            _set_doc(node, line)
     return model
 
 
@@ -115,8 +127,8 @@ def _set_metadata(node: NodeProto, fields: Mapping[str, str]) -> None:
         node.metadata_props.add(key=PREFIX + key, value=value)
 
 
-def _set_doc(node: NodeProto, fields: Mapping[str, str]) -> None:
-    text = _DOC_TAG + "; ".join(map("=".join, fields.items()))
+def _set_doc(node: NodeProto, text: str) -> None:
+    """Put ``text`` (an ``amp_compiler: ...`` line) in place of any such line of the node's doc string."""
     doc = node.doc_string  # most nodes have none
     if doc:
         text = "\n".join([line for line in doc.splitlines() if not line.startswith(_DOC_TAG)] + [text])
