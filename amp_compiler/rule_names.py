@@ -43,28 +43,36 @@ def check_rule_names(graph: PrecisionGraph, source: str, registry: Registry, *, 
     ``patterns``: ``{"--exclude-nodes": regexes, ...}``; ``stacklevel``: the warning's, from here
     (4: the caller of ``convert_onnx``, through ``gc_paused``)."""
     ops = [op for op in graph.ops.values() if not op.inserted]
-    names = [op.name for op in ops]
+    node_names = list(node_names)
+    rules = [(option, pattern) for option, values in (patterns or {}).items() for pattern in values]
+    if node_names or rules:  # the model's names and types are gathered only for options that name some
+        _check_node_names([op.name for op in ops], source, node_names, rules)
+    requested = [(option, op_type) for option, values in op_types.items() for op_type in values]
+    if not requested:
+        return
+    types = {n for op in ops for n in (op.op_type, op.canonical, f"{op.domain}::{op.op_type}" if op.domain else "") if n}
+    for option, op_type in requested:
+        if op_type in types:
+            continue
+        if not _known(op_type, registry):
+            near = _closest(op_type, sorted(types)) or _closest(op_type, _known_types(registry))
+            raise RuleNameError(source, f"{option} {op_type}", f"no op type {op_type!r} in ONNX or the "
+                                                                 f"registry{near}")
+        warnings.warn(f"{source}: {option} {op_type}: the model has no {op_type} op; the option changes nothing",
+                      stacklevel=stacklevel)
+
+
+def _check_node_names(names: list[str], source: str, node_names: list[str], rules: list[tuple[str, str]]) -> None:
+    """``check_rule_names`` for exact ``--deny-node`` names and (option, pattern) ``rules``."""
     present = set(names)
     for name in node_names:
         if name not in present:
             raise RuleNameError(source, f"--deny-node {name}", f"no node is named {name!r}{_closest(name, names)}")
-    for option, values in (patterns or {}).items():
-        for pattern in values:
-            if not any(re.match(pattern, n) for n in names):
-                raise RuleNameError(source, f"{option} {pattern!r}",
-                                      f"matches no node name (a pattern matches the start of the name, as "
-                                      f"re.match does; prefix '.*' to match inside it){_closest(pattern, names)}")
-    types = {n for op in ops for n in (op.op_type, op.canonical, f"{op.domain}::{op.op_type}" if op.domain else "") if n}
-    for option, values in op_types.items():
-        for op_type in values:
-            if op_type in types:
-                continue
-            if not _known(op_type, registry):
-                near = _closest(op_type, sorted(types)) or _closest(op_type, _known_types(registry))
-                raise RuleNameError(source, f"{option} {op_type}", f"no op type {op_type!r} in ONNX or the "
-                                                                     f"registry{near}")
-            warnings.warn(f"{source}: {option} {op_type}: the model has no {op_type} op; the option changes nothing",
-                          stacklevel=stacklevel)
+    for option, pattern in rules:
+        if not any(re.match(pattern, n) for n in names):
+            raise RuleNameError(source, f"{option} {pattern!r}",
+                                  f"matches no node name (a pattern matches the start of the name, as "
+                                  f"re.match does; prefix '.*' to match inside it){_closest(pattern, names)}")
 
 
 def _known(op_type: str, registry: Registry) -> bool:
