@@ -130,7 +130,8 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
                                "--include-nodes": ctx.user_rules.include_nodes})
     merged = merge_duplicates(imp, keep=set(ctx.deny_nodes or ()))  # as ONNX Runtime will at load: priced once
     nested = len(imp.graphs) > 1  # subgraphs to look into (else no node's attributes are read)
-    trained = training_mode_note(model, nested=nested)  # the source's nodes, before emission
+    op_types = {op.op_type for op in imp.graph.ops.values()}  # no Dropout nor BatchNormalization: no walk
+    trained = training_mode_note(model, nested=nested) if op_types & _TRAINING_MODE_OPS else ""  # before emission
     drawn: dict[str, str] = {}
     if calibrate or calibration_inputs is not None:
         if progress:
@@ -164,6 +165,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     if annotate:
         annotate_model(converted, report, nodes)
     return ConvertedModel(converted, report, base_dir, imp.pending, read_from)
+
+
+_TRAINING_MODE_OPS = frozenset({"Dropout", "BatchNormalization"})  # what ``training_mode_nodes`` looks for
 
 
 def _check_dim_names(graph, dim_values: dict[str, int] | None, source: str) -> None:
