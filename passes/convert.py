@@ -394,7 +394,7 @@ def predict_all_low(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> 
 
 def _why(ctx: PlanContext, decided: tuple) -> str:
     """Why a unit got its dtype: the planner's rule, or the cost model's numbers ``(low?, t32,
-    tlow, d_op, d_cast)`` (``flip_delta``: what switching it alone would change)."""
+    tlow, d_op, d_cast)`` (``flip_deltas``: what switching it alone would change)."""
     low = short(ctx.low_dtype)
     if ctx.planner == "greedy":
         return "greedy painter: " + ("allow op or between low ops" if decided[0] else "not between low ops")
@@ -416,11 +416,12 @@ def _fmt_us(seconds: float) -> str:
 def _apply(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int]) -> None:
     low = ctx.low_dtype
     reasons: dict[tuple, str] = {}  # units alike (repeated layers) share their wording
-    for u, names in energy.unit_ops.items():
+    deltas = energy.flip_deltas(plan) if ctx.planner == "optimal" else None
+    for k, (u, names) in enumerate(energy.unit_ops.items()):
         precision = low if plan[u] else FLOAT32
         op = graph.ops[names[0]]
-        if ctx.planner == "optimal":
-            key = (op.op_class, plan[u], energy.time_fp32[u], energy.time_low[u], *energy.flip_delta(u, plan))
+        if deltas is not None:
+            key = (op.op_class, plan[u], energy.time_fp32[u], energy.time_low[u], *deltas[k])
         else:
             key = (op.op_class, plan[u])
         reason = reasons.get(key)

@@ -99,8 +99,8 @@ class PlanEnergy:
         ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
         table = self.derived.get("casts")
         if table is None and self.derived.setdefault("totals", 0):  # worth its arrays from the second plan on
-            table = self.derived["casts"] = _CastTable(self.terms)
-        self.derived["totals"] += 1
+            table = self._cast_table()
+        self.derived["totals"] = self.derived.get("totals", 0) + 1
         # ``table.costs``: ``[term_cost(t, plan) for t in terms]``, the same floats
         casts = [self.term_cost(t, plan) for t in self.terms] if table is None else table.costs(plan)
         cast_time = sum(casts)
@@ -123,17 +123,52 @@ class PlanEnergy:
         """Tensor-core FLOPs ``plan`` runs in the low dtype."""
         return sum(f for u, f in self.tc_flops.items() if plan[u])
 
-    def flip_delta(self, unit: int, plan: dict[int, int]) -> tuple[float, float]:
-        """(change in op time, change in cast time) if ``unit`` alone switched precision."""
-        touched = self.by_unit.get(unit, ())
-        before = sum(self.term_cost(self.terms[i], plan) for i in touched)
-        plan[unit] = 1 - plan[unit]  # flipped in place and restored: no copy of the plan per call
-        try:
-            after = sum(self.term_cost(self.terms[i], plan) for i in touched)
-        finally:
-            plan[unit] = 1 - plan[unit]
-        d_op = (self.time_low[unit] - self.time_fp32[unit]) * (-1 if plan[unit] else 1)
-        return d_op, after - before
+    def _cast_table(self) -> _CastTable:
+        table = self.derived.get("casts")
+        if table is None:
+            table = self.derived["casts"] = _CastTable(self.terms)
+        return table
+
+    def flip_deltas(self, plan: dict[int, int]) -> list[tuple[float, float]]:
+        """Per unit, in ``unit_ops`` order: (change in op time, change in cast time) if it alone
+        switched precision. The terms touching it (``by_unit``) are priced before and after the
+        flip all at once (``_CastTable.flipped``) and summed in term order, as one by one."""
+        pairs = self.derived.get("flip_pairs")
+        if pairs is None:
+            pairs = self.derived["flip_pairs"] = _UnitTerms(list(self.unit_ops), self.by_unit)
+        sign = np.array([-1.0 if plan[u] else 1.0 for u in self.unit_ops])
+        low = np.array([self.time_low[u] for u in self.unit_ops], dtype=np.float64)
+        fp32 = np.array([self.time_fp32[u] for u in self.unit_ops], dtype=np.float64)
+        d_op = ((low - fp32) * sign).tolist()
+        if not pairs.term.size:
+            return [(d, 0) for d in d_op]  # ``sum(())`` of no terms: 0
+        before, after = self._cast_table().flipped(plan, pairs.unit, pairs.term)
+        d_cast = (pairs.sums(after) - pairs.sums(before)).tolist()
+        return list(zip(d_op, d_cast))
+
+
+class _UnitTerms:
+    """``by_unit`` as arrays: one (unit, term) pair per term a unit touches, units in order, each
+    unit's terms in order (``pos``: the pair's place among its unit's)."""
+
+    def __init__(self, units: list[int], by_unit: dict[int, list[int]]) -> None:
+        lengths = np.array([len(by_unit.get(u, ())) for u in units], dtype=np.int64)
+        self.n = len(units)
+        self.row = np.repeat(np.arange(self.n), lengths)
+        self.unit = np.repeat(np.array(units, dtype=np.int64), lengths)
+        self.term = np.array([i for u in units for i in by_unit.get(u, ())], dtype=np.int64)
+        self.pos = np.arange(self.term.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        self.by_pos = np.argsort(self.pos, kind="stable")
+        self.bounds = np.searchsorted(self.pos[self.by_pos], np.arange(int(self.pos.max(initial=0)) + 2))
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """Per unit, the sum of its pairs' ``values`` added left to right (as ``sum``): one
+        addition per place, every unit at once."""
+        total = np.zeros(self.n, dtype=np.float64)
+        for start, stop in zip(self.bounds[:-1], self.bounds[1:]):
+            at = self.by_pos[start:stop]
+            total[self.row[at]] += values[at]
+        return total
 
 
 class _CastTable:
@@ -174,23 +209,54 @@ class _CastTable:
         self.unit_of, self.value_of = np.array(unit_of, dtype=np.int64), np.array(value_of, dtype=np.int64)
         units = np.concatenate([producer_unit, self.unit_of])
         self.n_units = int(units.max()) + 1 if units.size else 0
+        self.read_keys: np.ndarray | None = None  # (term, unit) of each read by a unit (``reads``)
 
     def costs(self, plan: dict[int, int]) -> list[float]:
         """Each term's cast seconds under ``plan`` (0.0 where no cast is needed), in term order."""
         if not self.n:
             return []
+        source, n_low, n_fp32 = self._counts(self._values(plan))
+        return np.where(self._paid(slice(None), source, n_low, n_fp32), self.cost, 0.0).tolist()
+
+    def flipped(self, plan: dict[int, int], unit: np.ndarray, term: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cast seconds of each ``term[k]`` under ``plan``, and with ``unit[k]`` alone switched."""
+        values = self._values(plan)
+        source, n_low, n_fp32 = self._counts(values)
+        before = np.where(self._paid(term, source[term], n_low[term], n_fp32[term]), self.cost[term], 0.0)
+        reads = self.reads(unit, term) * (1 - 2 * values[unit])  # its reads move from FP32 to low (or back)
+        flipped = np.where(self.producer_unit[term] == unit, 1 - source[term], source[term])
+        paid = self._paid(term, flipped, n_low[term] + reads, n_fp32[term] - reads)
+        return before, np.where(paid, self.cost[term], 0.0)
+
+    def reads(self, unit: np.ndarray, term: np.ndarray) -> np.ndarray:
+        """How many times ``unit[k]`` is among the consumers of ``term[k]``."""
+        keys = self.read_keys
+        if keys is None:
+            by_unit = self.unit_of >= 0
+            keys = self.read_keys = np.sort(self.term_of[by_unit] * self.n_units + self.unit_of[by_unit])
+        wanted = term * self.n_units + unit
+        return np.searchsorted(keys, wanted, side="right") - np.searchsorted(keys, wanted)
+
+    def _values(self, plan: dict[int, int]) -> np.ndarray:
+        """Each unit's value under ``plan``, by unit id."""
         values = np.zeros(max(self.n_units, 1), dtype=np.int64)
         if plan:
             keys = np.fromiter(plan.keys(), dtype=np.int64, count=len(plan))
             inside = keys < values.size
             values[keys[inside]] = np.fromiter(plan.values(), dtype=np.int64, count=len(plan))[inside]
+        return values
+
+    def _counts(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per term: its producer's value, and how many of its reads are low and FP32."""
         source = np.where(self.producer_unit >= 0, values[self.producer_unit], self.producer_value)
         read = np.where(self.unit_of >= 0, values[self.unit_of], self.value_of)
-        differs = np.bincount(self.term_of, weights=read != source[self.term_of], minlength=self.n) > 0
-        low = np.bincount(self.term_of, weights=read == 1, minlength=self.n) > 0
-        fp32 = np.bincount(self.term_of, weights=read == 0, minlength=self.n) > 0
-        paid = np.where(self.choose, low & fp32, self.priced & differs)
-        return np.where(paid, self.cost, 0.0).tolist()
+        return (source, np.bincount(self.term_of, weights=read == 1, minlength=self.n),
+                np.bincount(self.term_of, weights=read == 0, minlength=self.n))
+
+    def _paid(self, term, source: np.ndarray, n_low: np.ndarray, n_fp32: np.ndarray) -> np.ndarray:
+        """Whether ``term`` pays its cast: a read differs from its producer, or a chosen input is read both ways."""
+        differs = np.where(source == 1, n_fp32, n_low) > 0
+        return np.where(self.choose[term], (n_low > 0) & (n_fp32 > 0), self.priced[term] & differs)
 
 
 def chosen_input(graph: PrecisionGraph, t: Tensor, ctx: PlanContext) -> bool:

@@ -102,3 +102,29 @@ def test_all_low_ceiling_equals_the_rebuilt_energy(seed):
         assert all_low_time(graph, ctx, OpTimer(graph, ctx)) == _all_low_rebuilt(graph, ctx, OpTimer(graph, ctx))
     CastPass()(graph, ctx)  # inserted casts are no units
     assert all_low_time(graph, ctx, OpTimer(graph, ctx)) == _all_low_rebuilt(graph, ctx, OpTimer(graph, ctx))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_flip_deltas_price_like_one_unit_at_a_time(seed):
+    rng = random.Random(seed)
+    graph, ctx = _planned(seed, "ort-cuda", seed % 3 != 0)
+    energy = build_energy(graph, ctx, OpTimer(graph, ctx))
+    units = list(energy.unit_ops)
+    ends = [("var", u) for u in units] + [("fixed", 0), ("fixed", 1)]
+    for k in range(20):  # extra terms of every producer kind, as in the cast-table test
+        producer = [("free", None), ("choose", None), *ends][k % (len(ends) + 2)] if units else ("fixed", k % 2)
+        consumers = rng.sample(ends, min(len(ends), rng.randint(1, 3))) + [("free", None)]
+        energy.terms.append(TensorTerm(f"extra{k}", rng.random() * 1e-6, producer, consumers))
+        for end in {producer, *consumers}:
+            if end[0] == "var":
+                energy.by_unit.setdefault(end[1], []).append(len(energy.terms) - 1)
+    for _ in range(5):
+        plan = {u: rng.randint(0, 1) for u in units}
+        expected = []
+        for u in units:
+            touched = energy.by_unit.get(u, ())
+            before = sum(energy.term_cost(energy.terms[i], plan) for i in touched)
+            flipped = {**plan, u: 1 - plan[u]}
+            after = sum(energy.term_cost(energy.terms[i], flipped) for i in touched)
+            expected.append(((energy.time_low[u] - energy.time_fp32[u]) * (-1 if plan[u] else 1), after - before))
+        assert energy.flip_deltas(plan) == expected
