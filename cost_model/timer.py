@@ -309,7 +309,7 @@ class OpTimer:
                 cached = 0.0  # an intermediate of a fused RMSNorm: converted in registers
             elif self.runtime.fuse_casts:
                 cached = 0.0 if self.internal(t) else traffic
-            elif any(self.groups.same_group(t.producer, c) for c, _ in t.consumers):
+            elif self._splits_group(t):
                 # the cast splits the fused kernel: its own kernel, one more launch, and the
                 # value written and read back (an upper bound when only an outside reader differs)
                 cached = 2 * (traffic + self.launch)
@@ -317,6 +317,18 @@ class OpTimer:
                 cached = traffic + self.launch
             self._cast_costs[key] = cached
         return cached
+
+
+    def _splits_group(self, t: Tensor) -> bool:
+        """A reader of ``t`` shares its producer's fused kernel (``groups.same_group``)."""
+        if t.producer is None:
+            return False
+        group_of = self.groups.group_of
+        mine = group_of.get(t.producer, -1)
+        for reader, _ in t.consumers:
+            if group_of.get(reader, -2) == mine:
+                return True
+        return False
 
 
 class _Priced:
