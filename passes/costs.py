@@ -123,6 +123,10 @@ class PlanEnergy:
         """Tensor-core FLOPs ``plan`` runs in the low dtype."""
         return sum(f for u, f in self.tc_flops.items() if plan[u])
 
+    def cast_costs(self, plan: dict[int, int]) -> list[float]:
+        """``[term_cost(t, plan) for t in terms]``, the same floats, priced at once (``_CastTable``)."""
+        return self._cast_table().costs(plan)
+
     def _cast_table(self) -> _CastTable:
         table = self.derived.get("casts")
         if table is None:

@@ -220,8 +220,8 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     io = other = 0
     weights: Counter = Counter()  # PARAMETER / CONSTANT -> casts at weights no op holds FP32
     subgraphs: Counter = Counter()  # If/Loop/Scan op -> casts at its subgraph's declared types
-    for term in energy.terms:
-        if not energy.term_cost(term, plan):
+    for term, cost in zip(energy.terms, energy.cast_costs(plan)):
+        if not cost:
             continue
         t = graph.tensors[term.tensor]
         fixed = [graph.ops[n] for n in (t.producer, *(c for c, _ in t.consumers))
