@@ -40,17 +40,27 @@ def test_op_signatures_price_like_each_op_alone(seed):
         assert [shared.bytes(op, d) for d in dtypes] == [alone.bytes(op, d) for d in dtypes]
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_cast_table_prices_like_term_cost(seed):
-    rng = random.Random(seed)
+def _random_energy(seed: int, rng: random.Random):
+    """A random graph's energy with terms of every producer kind and consumers of every kind added,
+    twice over (indexed under their units in ``by_unit``)."""
     graph, ctx = _planned(seed, "ort-cuda", seed % 3 != 0)
     energy = build_energy(graph, ctx, OpTimer(graph, ctx))
     units = list(energy.unit_ops)
     ends = [("var", u) for u in units] + [("fixed", 0), ("fixed", 1)]
-    for k in range(20):  # every producer kind, consumers of every kind, twice over
+    for k in range(20):
         producer = [("free", None), ("choose", None), *ends][k % (len(ends) + 2)] if units else ("fixed", k % 2)
-        energy.terms.append(TensorTerm(f"extra{k}", rng.random() * 1e-6, producer,
-                                       rng.sample(ends, min(len(ends), rng.randint(1, 3))) + [("free", None)]))
+        consumers = rng.sample(ends, min(len(ends), rng.randint(1, 3))) + [("free", None)]
+        energy.terms.append(TensorTerm(f"extra{k}", rng.random() * 1e-6, producer, consumers))
+        for unit in sorted({e[1] for e in (producer, *consumers) if e[0] == "var"}):
+            energy.by_unit.setdefault(unit, []).append(len(energy.terms) - 1)
+    return energy
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cast_table_prices_like_term_cost(seed):
+    rng = random.Random(seed)
+    energy = _random_energy(seed, rng)
+    units = list(energy.unit_ops)
     for _ in range(10):
         plan = {u: rng.randint(0, 1) for u in units}
         costs = [energy.term_cost(t, plan) for t in energy.terms]
@@ -107,17 +117,8 @@ def test_all_low_ceiling_equals_the_rebuilt_energy(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_flip_deltas_price_like_one_unit_at_a_time(seed):
     rng = random.Random(seed)
-    graph, ctx = _planned(seed, "ort-cuda", seed % 3 != 0)
-    energy = build_energy(graph, ctx, OpTimer(graph, ctx))
+    energy = _random_energy(seed, rng)
     units = list(energy.unit_ops)
-    ends = [("var", u) for u in units] + [("fixed", 0), ("fixed", 1)]
-    for k in range(20):  # extra terms of every producer kind, as in the cast-table test
-        producer = [("free", None), ("choose", None), *ends][k % (len(ends) + 2)] if units else ("fixed", k % 2)
-        consumers = rng.sample(ends, min(len(ends), rng.randint(1, 3))) + [("free", None)]
-        energy.terms.append(TensorTerm(f"extra{k}", rng.random() * 1e-6, producer, consumers))
-        for end in {producer, *consumers}:
-            if end[0] == "var":
-                energy.by_unit.setdefault(end[1], []).append(len(energy.terms) - 1)
     for _ in range(5):
         plan = {u: rng.randint(0, 1) for u in units}
         expected = []
