@@ -40,9 +40,10 @@ def test_op_signatures_price_like_each_op_alone(seed):
         assert [shared.bytes(op, d) for d in dtypes] == [alone.bytes(op, d) for d in dtypes]
 
 
-def _random_energy(seed: int, rng: random.Random):
+def _random_energy(seed: int, n_plans: int):
     """A random graph's energy with terms of every producer kind and consumers of every kind added,
-    twice over (indexed under their units in ``by_unit``)."""
+    twice over (indexed under their units in ``by_unit``), and ``n_plans`` random plans of it."""
+    rng = random.Random(seed)
     graph, ctx = _planned(seed, "ort-cuda", seed % 3 != 0)
     energy = build_energy(graph, ctx, OpTimer(graph, ctx))
     units = list(energy.unit_ops)
@@ -53,16 +54,14 @@ def _random_energy(seed: int, rng: random.Random):
         energy.terms.append(TensorTerm(f"extra{k}", rng.random() * 1e-6, producer, consumers))
         for unit in sorted({e[1] for e in (producer, *consumers) if e[0] == "var"}):
             energy.by_unit.setdefault(unit, []).append(len(energy.terms) - 1)
-    return energy
+    return energy, [{u: rng.randint(0, 1) for u in units} for _ in range(n_plans)]
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_cast_table_prices_like_term_cost(seed):
-    rng = random.Random(seed)
-    energy = _random_energy(seed, rng)
+    energy, plans = _random_energy(seed, 10)
     units = list(energy.unit_ops)
-    for _ in range(10):
-        plan = {u: rng.randint(0, 1) for u in units}
+    for plan in plans:
         costs = [energy.term_cost(t, plan) for t in energy.terms]
         assert energy.total(plan) == (
             energy.fixed_time + sum(energy.time_low[u] if plan[u] else energy.time_fp32[u] for u in units)
@@ -116,11 +115,9 @@ def test_all_low_ceiling_equals_the_rebuilt_energy(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_flip_deltas_price_like_one_unit_at_a_time(seed):
-    rng = random.Random(seed)
-    energy = _random_energy(seed, rng)
+    energy, plans = _random_energy(seed, 5)
     units = list(energy.unit_ops)
-    for _ in range(5):
-        plan = {u: rng.randint(0, 1) for u in units}
+    for plan in plans:
         expected = []
         for u in units:
             touched = energy.by_unit.get(u, ())
