@@ -127,12 +127,14 @@ def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanCon
                   memo: dict[tuple, tuple] | None = None) -> None:
     """Set the op's port roles, ``forbid_low`` and ``source_dtype`` (rules 3-6 and 8). They depend
     only on the key below, so ops alike (a graph of repeated layers) are worked out once in ``memo``
-    (rows are the registry's, alive for the pass: keyed by identity)."""
+    (rows and port groups are shared objects alive for the pass: keyed by identity, as a frozen
+    dataclass hashes field by field in Python)."""
     known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
     tensors = graph.tensors
-    in_dtypes = tuple(tensors[name].dtype if name else None for name in op.inputs)  # read once per op
-    out_dtypes = tuple(tensors[name].dtype if name else None for name in op.outputs)
-    key = (id(row), known, tuple(op.port_groups), in_dtypes, out_dtypes, op.forbid_low, op.op_type, ctx.low_dtype)
+    in_dtypes = tuple([tensors[name].dtype if name else None for name in op.inputs])  # read once per op
+    out_dtypes = tuple([tensors[name].dtype if name else None for name in op.outputs])
+    key = (id(row), known, tuple(map(id, op.port_groups)), in_dtypes, out_dtypes, op.forbid_low, op.op_type,
+           ctx.low_dtype)
     decided = memo.get(key) if memo is not None else None
     if decided is None:
         decided = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
