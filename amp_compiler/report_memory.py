@@ -203,11 +203,17 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
     counted = (np.array([k != WEIGHT for k in kind], dtype=bool) & stored & ((end >= 0) | go)
                & (start >= 0) & (start != NEVER))
     final = np.where(go, last, np.where(end >= 0, end, start))
+    # without the casts (FP32, all-FP16) what a graph output's cast reads is that output: its storage
+    # (a view's source's) lives to the end there too
+    uncast = final.copy()
+    outputs_read = [root[row[src]] for name, src in cast_outputs.items()
+                    if src in row and (table.get(name) or {}).get("graph_output")]
+    uncast[np.array(outputs_read, dtype=np.int64)] = last
     source = np.arange(len(rows_of)) < len(names)  # a cast's copy exists in the mixed plan only
     planned = np.array([d in _PLANNED for d in dtypes], dtype=bool)
-    sizes = {"fp32": (counted & source, 4 * numel), "mixed": (counted, numel * item),
-             "all_fp16": (counted & source, np.where(planned, 2, item) * numel)}
-    return {s: peak_bytes(start[keep], final[keep], nbytes[keep], len(ops)) for s, (keep, nbytes) in sizes.items()}
+    sizes = {"fp32": (counted & source, 4 * numel, uncast), "mixed": (counted, numel * item, final),
+             "all_fp16": (counted & source, np.where(planned, 2, item) * numel, uncast)}
+    return {s: peak_bytes(start[keep], ends[keep], nbytes[keep], len(ops)) for s, (keep, nbytes, ends) in sizes.items()}
 
 
 def is_view(canonical: str | None) -> bool:

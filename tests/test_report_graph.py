@@ -135,9 +135,12 @@ def test_memory_of_a_report_without_float_tensors_is_zero():
     assert predicted_memory({"tensors": [], "ops": ops, "casts": []}) == {key: 0 for key in (*MEMORY_KEYS, *TOTAL_KEYS)}
 
 
-def test_a_view_returned_as_an_output_keeps_its_source_to_the_end():
+@pytest.mark.parametrize("options", [{}, {"keep_io_types": False}, {"planner": "all", "keep_io_types": False}])
+def test_a_view_returned_as_an_output_keeps_its_source_to_the_end(options):
     """x -> MatMul -> Reshape (graph output v) -> Relu -> Sigmoid: v is returned, so h (its storage)
-    lives to the end, beside y and z; a read of v by the Relu had ended h there."""
+    lives to the end, beside y and z; a read of v by the Relu had ended h there. With the default
+    keep_io_types the FP16 plan returns v through a cast, which FP32 has not: there v_fp16 itself
+    is returned (FP32 had counted 2 activations at the end, not 3)."""
     n = 1000
     w = numpy_helper.from_array(np.full((n, n), 0.01, np.float32), "W")
     shape = numpy_helper.from_array(np.array([64 * n], np.int64), "shape")
@@ -148,10 +151,11 @@ def test_a_view_returned_as_an_output_keeps_its_source_to_the_end():
     out = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [64 * n]) for name in ("v", "z")]
     g = helper.make_graph(nodes, "view", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])], out,
                           [w, shape])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    _, report = convert_onnx(model, planner="all", keep_io_types=False)  # v the view's own output
+    _, report = convert_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), **options)
     s = report.summary
+    assert s["fp16_nodes"] == 4  # the plan every option set takes here
     assert s["predicted_memory_activations_fp32_bytes"] == 3 * 64 * n * 4  # h, y and z at the Sigmoid
+    assert s["predicted_memory_activations_all_fp16_bytes"] == 3 * 64 * n * 2
 
 
 def test_casts_of_the_source_model_count_in_every_scenario():
