@@ -294,7 +294,7 @@ def test_plan_memory_prices_each_plan_as_the_reports_walk(seed):
     from passes.plan_memory import plan_memory
 
     keep_io_types = seed % 3 != 0
-    ctx = make_context(runtime="eager", keep_io_types=keep_io_types)
+    ctx = make_context(keep_io_types=keep_io_types)  # the default runtime: memory does not depend on it
     for k in range(100 + 10 * seed, 110 + 10 * seed):  # the first of ten random graphs with a choice
         graph = import_model(_random_graph(k, n_ops=16), default_dim=8).graph
         graph.set_dim_sizes(8, None)
