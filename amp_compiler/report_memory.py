@@ -144,6 +144,20 @@ def peak_bytes(first: np.ndarray, final: np.ndarray, nbytes: np.ndarray, steps: 
     return max(int(np.cumsum(deltas).max()), 0)
 
 
+def closed_spans(root: np.ndarray, first: np.ndarray, end: np.ndarray, output: np.ndarray, views: np.ndarray,
+                 casts: np.ndarray, cast_sources: np.ndarray, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """``storage_spans``' (first, end) made into the spans the peak counts, for both memory measures:
+    a view that is a graph output (``output``) keeps its storage to the end, a cast among ``casts``
+    nobody reads (it writes a graph output) starts at the last read of its source row
+    (``cast_sources``, -1: none). Updates ``end`` and ``first``; returns (alive, final): which
+    targets hold storage at some position, and the last position each holds it."""
+    end[root[views[output[views]]]] = last
+    unread = (first[casts] == NEVER) & (cast_sources >= 0)
+    first[casts[unread]] = end[root[cast_sources[unread]]]
+    alive = (first >= 0) & (first != NEVER) & ((end >= 0) | output)
+    return alive, np.where(output, last, np.where(end >= 0, end, first))
+
+
 def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> dict[str, int]:
     """Peak live bytes in each scenario (``SCENARIOS``) over the op order (``storage_spans``); a view
     that is a graph output keeps its storage to the end, an inserted cast nobody reads (it writes a
@@ -188,21 +202,16 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
     rows_of = [table[name] for name in names] + [table.get(name) for name in cast_outputs]  # None: not in the table
     go = np.array([bool(t and t.get("graph_output")) for t in rows_of], dtype=bool)
     last = max(len(ops) - 1, 0)
-    views = np.flatnonzero(is_view_row)
-    end[root[views[go[views]]]] = last  # a view that is a graph output keeps its storage to the end
-    for name, src in cast_outputs.items():  # a cast nobody reads writes a graph output: from its source's last read
-        c = cast_ids[name]
-        if first[c] == NEVER and src in row and end[root[row[src]]] >= 0:
-            first[c] = end[root[row[src]]]
     kind = [t.get("kind") if t else WEIGHT for t in rows_of]
     dtypes = [t.get("dtype") if t else None for t in rows_of]
     numel = np.array([int(t.get("numel") or 0) if t else 0 for t in rows_of], dtype=np.int64)
     item = np.array([itemsize(t.get("dtype")) if t else 0 for t in rows_of], dtype=np.int64)
-    start = np.where(np.array([k == INPUT for k in kind], dtype=bool), 0, first)
+    first[np.array([k == INPUT for k in kind], dtype=bool)] = 0  # graph inputs live from the start
+    alive, final = closed_spans(root, first, end, go, np.flatnonzero(is_view_row),
+                                np.array(list(cast_ids.values()), dtype=np.int64),
+                                np.array([row.get(src, -1) for src in cast_outputs.values()], dtype=np.int64), last)
     stored = ~np.concatenate([is_view_row, np.zeros(len(cast_ids), dtype=bool)])
-    counted = (np.array([k != WEIGHT for k in kind], dtype=bool) & stored & ((end >= 0) | go)
-               & (start >= 0) & (start != NEVER))
-    final = np.where(go, last, np.where(end >= 0, end, start))
+    counted = np.array([k != WEIGHT for k in kind], dtype=bool) & stored & alive
     # without the casts (FP32, all-FP16) what a graph output's cast reads is that output: its storage
     # (a view's source's) lives to the end there too
     uncast = final.copy()
@@ -213,7 +222,7 @@ def activation_peaks(table: Mapping[str, Mapping], ops: list, casts: list) -> di
     planned = np.array([d in _PLANNED for d in dtypes], dtype=bool)
     sizes = {"fp32": (counted & source, 4 * numel, uncast), "mixed": (counted, numel * item, final),
              "all_fp16": (counted & source, np.where(planned, 2, item) * numel, uncast)}
-    return {s: peak_bytes(start[keep], ends[keep], nbytes[keep], len(ops)) for s, (keep, nbytes, ends) in sizes.items()}
+    return {s: peak_bytes(first[keep], ends[keep], nbytes[keep], len(ops)) for s, (keep, nbytes, ends) in sizes.items()}
 
 
 def is_view(canonical: str | None) -> bool:
@@ -222,5 +231,5 @@ def is_view(canonical: str | None) -> bool:
     return row is not None and row.traffic == "alias"
 
 
-__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "NEVER", "fill_memory", "is_view", "peak_bytes",
+__all__ = ["MEMORY_KEYS", "TOTAL_KEYS", "activation_peaks", "closed_spans", "NEVER", "fill_memory", "is_view", "peak_bytes",
            "predicted_memory", "storage_spans", "tensor_table"]

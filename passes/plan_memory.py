@@ -19,7 +19,7 @@ import numpy as np
 
 from amp_compiler.dtypes import FLOAT32, is_float, itemsize
 from amp_compiler.ir import CONSTANT, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph
-from amp_compiler.report_memory import NEVER, is_view, peak_bytes, storage_spans
+from amp_compiler.report_memory import closed_spans, is_view, peak_bytes, storage_spans
 
 from .costs import PlanEnergy
 
@@ -141,14 +141,9 @@ class _PlanMemory:
                                          self.written)
         first[:n] = self.first  # graph inputs live from the start
         outputs = np.concatenate([self.graph_output & ~cast_out, np.zeros(len(keys), dtype=bool)])
-        views = self.views[outputs[self.views]]
-        end[root[views]] = self.last  # a view that is a graph output keeps its storage to the end
-        unread = first[out_casts] == NEVER  # an output cast nobody reads starts at its source's last read
-        first[out_casts[unread]] = end[root[out_rows[unread]]]
         outputs[out_casts] = True
-        stored = np.concatenate([self.parent < 0, np.ones(len(keys), dtype=bool)])
-        keep = stored & (first >= 0) & (first != NEVER) & ((end >= 0) | outputs)
-        final = np.where(outputs, self.last, np.where(end >= 0, end, first))
+        alive, final = closed_spans(root, first, end, outputs, self.views, out_casts, out_rows, self.last)
+        keep = np.concatenate([self.parent < 0, np.ones(len(keys), dtype=bool)]) & alive
         rows, codes = np.divmod(keys, n_codes)
         nbytes = np.concatenate([self.numel * self.itemsizes[dtype], self.numel[rows] * self.itemsizes[codes]])
         return peak_bytes(first[keep], final[keep], nbytes[keep], self.steps)
