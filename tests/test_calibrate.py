@@ -109,3 +109,80 @@ def test_bf16_calibration_flags_nothing():
     feeds = {"x": np.random.default_rng(1).standard_normal((128, 256)).astype(np.float32) * 1e-6}
     _, report = convert_onnx(m, dtype="bf16", planner="all", calibration_inputs=feeds)
     assert all(o["precision"] == "bfloat16" for o in report.ops)
+
+
+def _growing_loop(trips: int = 4):
+    """A Loop whose state grows about 32x per iteration (4 iterations reach ~1e6) through a GEMM
+    and a scale in its body, then a GEMM on the final state."""
+    from onnx import TensorProto, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["s_in", "W"], ["mm"], name="body_mm"),
+         helper.make_node("Mul", ["mm", "k"], ["s_out"], name="body_scale"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
+        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", 4, 64)],
+        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", 4, 64)],
+        [numpy_helper.from_array(np.array(8.0, np.float32), "k")])
+    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["s_final"], name="loop0", body=body),
+             helper.make_node("MatMul", ["s_final", "W"], ["y"], name="head")]
+    return model(nodes, [fin("x", 4, 64)], [fin("y", 4, 64)],
+                 [weight("W", 64, 64, scale=0.5), numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+                  numpy_helper.from_array(np.array(True), "cond")])
+
+
+def _reference(m, feeds):
+    """The model on onnx's reference evaluator: its FP16 ops round (and overflow) as a GPU's do."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(m).run(None, feeds)[0]
+
+
+def test_calibration_measures_loop_bodies():
+    m = _growing_loop()
+    before = m.SerializeToString()
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    ref = run(m, feeds)[0]
+    assert np.abs(ref).max() > 65504
+    naive, _ = convert_onnx(m, planner="all")
+    assert not np.isfinite(_reference(naive, feeds)).all()  # the body's state overflows FP16
+    calibrated, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    assert m.SerializeToString() == before  # the probed run's extra outputs are gone
+    onnx.checker.check_model(calibrated, full_check=True)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["loop0.body/body_mm"]["precision"] == "float32"
+    assert "activation mm reaches" in ops["loop0.body/body_mm"]["reason"]
+    got = _reference(calibrated, feeds)
+    assert np.isfinite(got).all() and rel_error(ref, got) < 1e-2
+
+
+def test_calibration_of_a_loop_that_runs_no_iteration_flags_nothing_in_its_body():
+    m = _growing_loop(trips=0)
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["loop0.body/body_mm"]["precision"] == "float16"
+
+
+def test_calibration_measures_scan_bodies_with_listed_output_axes():
+    """A Scan accumulating scaled rows: its running sum passes FP16's range after a few rows. Its
+    ``scan_output_axes`` lists the scan outputs, so the probed run's must be listed too."""
+    from onnx import numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["row", "k"], ["scaled"], name="body_scale"),
+         helper.make_node("Add", ["acc_in", "scaled"], ["acc_out"], name="body_acc"),
+         helper.make_node("Identity", ["acc_out"], ["step_out"], name="body_step")],
+        "body", [fin("acc_in", 64), fin("row", 64)], [fin("acc_out", 64), fin("step_out", 64)],
+        [numpy_helper.from_array(np.array(5e3, np.float32), "k")])
+    nodes = [helper.make_node("Scan", ["acc0", "rows"], ["acc", "steps"], name="scan0", body=body,
+                              num_scan_inputs=1, scan_output_axes=[0]),
+             helper.make_node("MatMul", ["steps", "W"], ["y"], name="head")]
+    m = model(nodes, [fin("acc0", 64), fin("rows", 16, 64)], [fin("acc", 64), fin("y", 16, 64)],
+              [weight("W", 64, 64)])
+    rows = np.abs(np.random.default_rng(1).standard_normal((16, 64))).astype(np.float32)  # each row * k below the 32752 margin
+    feeds = {"acc0": np.zeros(64, np.float32), "rows": rows}
+    _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["scan0.body/body_scale"]["precision"] == "float16"  # its output stays in range
+    assert ops["scan0.body/body_acc"]["precision"] == "float32"
+    assert "activation acc_out reaches" in ops["scan0.body/body_acc"]["reason"]

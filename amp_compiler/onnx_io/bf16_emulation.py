@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from .structure import graphs, subgraphs
+from .structure import graphs, names_in_use, subgraphs
 
 __all__ = ["FUSIONS_OFF", "bf16_values", "declares_bf16", "emulate_bf16", "for_cpu"]
 
@@ -82,22 +82,8 @@ def emulate_bf16(model: ModelProto, bf16: set[str]) -> ModelProto:
     changed."""
     out = ModelProto()
     out.CopyFrom(model)
-    _Rewrite(bf16, _names(out)).graph(out.graph, main=True)
+    _Rewrite(bf16, names_in_use(out)).graph(out.graph, main=True)
     return out
-
-
-def _names(model: ModelProto) -> set[str]:
-    """Every node name and value name in ``model``'s graphs, subgraphs included."""
-    names: set[str] = set()
-    for g, _ in graphs(model.graph, ""):
-        names.update(vi.name for vi in (*g.input, *g.output, *g.value_info))
-        names.update(t.name for t in g.initializer)
-        names.update(t.values.name for t in g.sparse_initializer)
-        for node in g.node:
-            names.add(node.name)
-            names.update(node.input)
-            names.update(node.output)
-    return names
 
 
 class _Rewrite:

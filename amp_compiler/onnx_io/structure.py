@@ -279,3 +279,18 @@ def graphs(g: GraphProto, path: str) -> Iterator[tuple[GraphProto, str]]:
                 for sub in subs:
                     yield from graphs(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}")
 
+
+
+def names_in_use(model: ModelProto) -> set[str]:
+    """Every node name and value name in ``model``'s graphs, subgraphs included: what a name a
+    rewrite adds must differ from."""
+    names: set[str] = set()
+    for g, _ in graphs(model.graph, ""):
+        names.update(vi.name for vi in (*g.input, *g.output, *g.value_info))
+        names.update(t.name for t in g.initializer)
+        names.update(t.values.name for t in g.sparse_initializer)
+        for node in g.node:
+            names.add(node.name)
+            names.update(node.input)
+            names.update(node.output)
+    return names
