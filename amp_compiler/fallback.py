@@ -8,7 +8,9 @@ feed them, are denied (``deny_nodes``), the
 model is re-planned — so casts stay optimal around them — and checked again; the
 number moved doubles each round, so a handful of rounds suffice. The writers of values that
 overflow FP16 (``overflow.py``: the CPU runtime computes them in FP32, so their error is
-invisible there) are moved first, all of them at once.
+invisible there) are moved first, all of them at once. A body of an ``If``/``Loop``/``Scan`` node
+cannot be exposed, so such a node with low-precision ops inside is measured as one op, and moving
+it moves them all (``low_bodies``).
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ from .validate import branch_feeds, run_model, undetermined_selections
 
 def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
                 runner: Callable = run_model) -> list[tuple[float, str]]:
-    """(error an op adds, op name) for every low-precision op of the main graph, worst first."""
+    """(error an op adds, op name) for every low-precision op of the main graph, and for every main-graph
+    ``If``/``Loop``/``Scan`` node with low-precision ops in its bodies (its name: ``low_bodies``), worst
+    first. A body's values cannot be exposed, so such a node is measured as one op."""
+    bodies = low_bodies(original, report)
     low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and not o.get("scope")]
+    low_ops += [{"name": name} for name in bodies]
     orig_outputs = {n.output[i] for n in original.graph.node for i in range(len(n.output)) if n.output[i]}
-    by_name = original_nodes(original, report)
+    by_name = {**original_nodes(original, report), **{name: node for name, (node, _) in bodies.items()}}
     tensors = sorted({t for o in low_ops if o["name"] in by_name for t in by_name[o["name"]].output
                       if t in orig_outputs} | {t for o in low_ops if o["name"] in by_name
                                                for t in by_name[o["name"]].input if t in orig_outputs})
@@ -69,6 +75,22 @@ def original_nodes(original: ModelProto, report) -> dict[str, Any]:
         node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None) or by_name.get(op["name"])
         if node is not None:
             found[op["name"]] = node
+    return found
+
+
+def low_bodies(original: ModelProto, report) -> dict[str, tuple[Any, list[str]]]:
+    """Main-graph nodes holding subgraphs (``If``/``Loop``/``Scan``) whose bodies, at any depth, hold
+    low-precision ops: the importer's name for the node -> (node, those ops' plan names). The importer
+    scopes a body op as ``<node>.<attribute>/<op>`` (``onnx_io/importer.py``)."""
+    low = [(o.get("scope") or "", o["name"]) for o in report.ops if o["precision"] in LOW_PRECISION and o.get("scope")]
+    found = {}
+    for idx, node in enumerate(original.graph.node):
+        if not any(a.HasField("g") or a.graphs for a in node.attribute):
+            continue
+        name = node.name or f"{node.op_type}_{idx}"
+        inside = [op for scope, op in low if scope.startswith(f"{name}.")]
+        if inside:
+            found[name] = (node, inside)
     return found
 
 
@@ -141,7 +163,12 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
                                    low - set(denied))
         why = (f"fallback: writes an input of an op whose {name16} value overflows" if overflowing
                else f"fallback: {name16} here added error beyond the {tolerance:g} budget")
-        denied.update((name, overflowing.get(name, why)) for name in step)
+        bodies = low_bodies(original, report)  # a node measured as one op moves its bodies' low ops
+        in_body = {op: (f"fallback: {name16} in the body of {bodies[name][0].op_type} {name} added error beyond "
+                        f"the {tolerance:g} budget (a body's ops are measured together)")
+                   for name in step if name in bodies for op in bodies[name][1]}
+        step = list(dict.fromkeys(m for name in step for m in (bodies[name][1] if name in bodies else [name])))
+        denied.update((name, overflowing.get(name) or in_body.get(name) or why) for name in step)
         moved += step
         if not overflowing:
             take *= 2

@@ -9,7 +9,7 @@ from onnx import helper
 from amp_compiler import convert_onnx
 from amp_compiler.metrics import rel_error
 
-from .builders import fin, model, run, weight
+from .builders import fin, growing_loop, model, run, weight
 
 
 def _overflowing_input(d=1024):
@@ -111,25 +111,6 @@ def test_bf16_calibration_flags_nothing():
     assert all(o["precision"] == "bfloat16" for o in report.ops)
 
 
-def _growing_loop(trips: int = 4):
-    """A Loop whose state grows about 32x per iteration (4 iterations reach ~1e6) through a GEMM
-    and a scale in its body, then a GEMM on the final state."""
-    from onnx import TensorProto, numpy_helper
-
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["s_in", "W"], ["mm"], name="body_mm"),
-         helper.make_node("Mul", ["mm", "k"], ["s_out"], name="body_scale"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
-        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", 4, 64)],
-        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", 4, 64)],
-        [numpy_helper.from_array(np.array(8.0, np.float32), "k")])
-    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["s_final"], name="loop0", body=body),
-             helper.make_node("MatMul", ["s_final", "W"], ["y"], name="head")]
-    return model(nodes, [fin("x", 4, 64)], [fin("y", 4, 64)],
-                 [weight("W", 64, 64, scale=0.5), numpy_helper.from_array(np.array(trips, np.int64), "trips"),
-                  numpy_helper.from_array(np.array(True), "cond")])
-
-
 def _reference(m, feeds):
     """The model on onnx's reference evaluator: its FP16 ops round (and overflow) as a GPU's do."""
     from onnx.reference import ReferenceEvaluator
@@ -138,7 +119,7 @@ def _reference(m, feeds):
 
 
 def test_calibration_measures_loop_bodies():
-    m = _growing_loop()
+    m = growing_loop()
     before = m.SerializeToString()
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
     ref = run(m, feeds)[0]
@@ -156,7 +137,7 @@ def test_calibration_measures_loop_bodies():
 
 
 def test_calibration_of_a_loop_that_runs_no_iteration_flags_nothing_in_its_body():
-    m = _growing_loop(trips=0)
+    m = growing_loop(trips=0)
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
     _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
     ops = {o["name"]: o for o in report.ops}

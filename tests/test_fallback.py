@@ -12,7 +12,7 @@ from amp_compiler import ConversionError, convert_onnx
 from amp_compiler.fallback import convert_with_fallback
 from amp_compiler.validate import run_reference
 
-from .builders import fin, model
+from .builders import fin, growing_loop, model
 
 
 def _cancellation(d=128):
@@ -100,3 +100,18 @@ def test_cli_fallback_on_the_reference_runtime(tmp_path, capsys):
     assert "shift_up" in data.data["fallback"]["moved_to_fp32"]
     assert data.data["validation"]["passed"] and data.data["validation"]["max_rel_error"] <= 1e-2
     assert {o["name"]: o["precision"] for o in data.ops}["mm"] == "float16", data.data["fallback"]
+
+
+def test_fallback_moves_the_low_ops_of_a_loop_body_whose_outputs_carry_the_error():
+    """A body's values cannot be exposed one by one: a Loop whose FP16 body overflows is measured as
+    one op, and moving it moves the low ops of its body (they had never been candidates, and the
+    fallback gave up with the error still inf)."""
+    m = growing_loop()
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    convert = functools.partial(convert_onnx, m, planner="all")
+    converted, moved = convert_with_fallback(convert, m, feeds, tolerance=1e-2, runner=run_reference)
+    assert {"loop0.body/body_mm", "loop0.body/body_scale"} <= set(moved)
+    ops = {o["name"]: o for o in converted.report.ops}
+    assert ops["loop0.body/body_mm"]["precision"] == "float32"
+    assert "body of Loop loop0" in ops["loop0.body/body_mm"]["reason"]
+    assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
