@@ -8,7 +8,9 @@ overflow shows there. Both models run once with the main graph's shared float va
 a value finite in the FP32 run and not finite in the converted run is an overflow (a clamped
 mask fill stays finite; an ``-inf`` fill is ``-inf`` in both), unless every path from it runs
 through scale and shift into a saturating op, which returns its limit as in FP32 (numerics rule 9:
-GELU's tanh form, whose ``x³`` overflows in a Flan-T5). docs/architecture.md, "Numerics".
+GELU's tanh form, whose ``x³`` overflows in a Flan-T5). An FP16 value of a main-graph ``Loop``/``Scan``
+body cannot be exposed: it overflows where its per-iteration peak in the FP32 run
+(``onnx_io/body_peaks.py``) passes 65504. docs/architecture.md, "Numerics".
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable
 import numpy as np
 from onnx import ModelProto, TensorProto
 
+from .onnx_io.body_peaks import LOOPS, body_peaks_exposed
 from .onnx_io.probe import run_exposed
 from .onnx_io.taken_branches import inline_taken_branches
 
@@ -67,9 +70,12 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
     """
     original, converted = inline_taken_branches(original, feeds), inline_taken_branches(converted, converted_feeds)
     names = shared_values(original, converted)
+    in_bodies = body_values(original, converted)
     inputs = {i.name for i in original.graph.input}
-    expected = {**run_exposed(original, set(names.values()) - inputs, feeds, runner, "the FP32 model"),
-                **{k: v for k, v in feeds.items() if k in inputs}}
+    with body_peaks_exposed(original, in_bodies.values()) as peaks:
+        expected = {**run_exposed(original, sorted(set(names.values()) - inputs) + list(peaks), feeds, runner,
+                                  "the FP32 model"),
+                    **{k: v for k, v in feeds.items() if k in inputs}}
     actual = run_exposed(converted, names, converted_feeds, converted_runner or runner, "the converted model")
     writers = {o: n for n in converted.graph.node for o in n.output}
     broken = _reached(converted, {name for name in names if np.asarray(actual[name]).dtype.kind == "f"
@@ -90,9 +96,50 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
             rows.append({"name": source, "value": name, "writer": writer.name or writer.op_type if writer else "",
                          "fp32_peak": float(np.max(np.abs(fp32[bad]))),
                          "origin": writer is None or not broken.intersection(writer.input)})
+    rows += _body_rows(converted, in_bodies, {peaks[k]: v for k, v in expected.items() if k in peaks})
     rows.sort(key=lambda r: not r["origin"])  # the values that overflow first, those an inf reached after
     outputs = [o.name for o in original.graph.output]
     return [expected[o] for o in outputs], [actual[o] for o in outputs], rows
+
+
+def body_values(original: ModelProto, converted: ModelProto) -> dict[str, str]:
+    """FP16 values of the bodies of ``converted``'s main-graph ``Loop``/``Scan`` nodes -> the name
+    ``original``'s body has them under (their own, or, for a body output the conversion cast back,
+    the output's: ``s_out_fp16`` -> ``s_out``); {} where there is no such body."""
+    def bodies(model: ModelProto) -> list:
+        return [a.g for n in model.graph.node if n.op_type in LOOPS and n.domain in ("", "ai.onnx")
+                for a in n.attribute if a.name == "body"]
+
+    converted_bodies = bodies(converted)
+    if not converted_bodies:
+        return {}
+    from .onnx_io.validation import infer_types
+
+    computed = {o for body in bodies(original) for n in body.node for o in n.output if o}
+    fp16 = {name for name, (code, _) in infer_types(converted).items() if code == TensorProto.FLOAT16}
+    found = {}
+    for body in converted_bodies:
+        outputs = {o.name for o in body.output}
+        for n in body.node:
+            if n.op_type == "Cast" and n.output[0] in outputs and n.output[0] in computed and n.input[0] in fp16:
+                found[n.input[0]] = n.output[0]
+        found.update((o, o) for n in body.node for o in n.output if o in computed and o in fp16)
+    return found
+
+
+def _body_rows(converted: ModelProto, in_bodies: dict[str, str], fp32_peaks: dict[str, np.ndarray]) -> list[dict]:
+    """Overflow rows of body values (``body_values``): their per-iteration peaks in the FP32 run pass
+    FP16's largest value, so a GPU computes inf there. Element by element they cannot be compared, and
+    ONNX Runtime's CPU provider computes FP16 body ops in FP32, hiding it; the check reads the FP32 peak."""
+    limit = float(np.finfo(np.float16).max)
+    over = {value: float(np.max(peak)) for value, source in in_bodies.items()
+            if (peak := np.asarray(fp32_peaks.get(source, ()))).size and np.max(peak) > limit}
+    writers = {o: n for body in (a.g for n in converted.graph.node for a in n.attribute if a.name == "body")
+               for n in body.node for o in n.output}
+    return [{"name": in_bodies[value], "value": value,
+             "writer": writers[value].name or writers[value].op_type if value in writers else "",
+             "fp32_peak": peak, "origin": value not in writers or not set(over).intersection(writers[value].input)}
+            for value, peak in over.items()]
 
 
 def _reached(model: ModelProto, broken: set[str], exposed: set[str]) -> set[str]:

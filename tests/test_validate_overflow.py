@@ -197,3 +197,26 @@ def test_default_options_on_the_overflowing_ffn(tmp_path):
         node.name = ""  # and unnamed
     status, _, report = _convert(tmp_path, m, "--fallback")
     assert status == 0 and report["validation"]["overflows"] == []
+
+
+def test_an_fp16_loop_body_past_65504_fails_validation_on_the_cpu_runtime(tmp_path, capsys):
+    """A Loop body's values cannot be exposed, and ONNX Runtime's CPU provider computes its FP16 ops in
+    FP32: a body state reaching ~1e6 passed --validate (error 4e-4) while a GPU gives inf. The FP32
+    run's per-iteration peaks of the body's FP16 values show it; the fallback then moves the body's
+    writers first, as it does for main-graph overflows."""
+    from tests.builders import growing_loop
+
+    m = growing_loop()
+    status, out, report = _convert(tmp_path, m, "--planner", "all")
+    err = capsys.readouterr().err
+    assert status == 1 and not out.exists()
+    rows = {row["value"]: row for row in report["validation"]["overflows"]}
+    assert rows["mm"]["writer"] == "body_mm" and rows["mm"]["origin"] and rows["mm"]["fp32_peak"] > 65504
+    assert not rows["s_out_fp16"]["origin"]  # the scale reads the overflowing mm
+    assert "is inf in FP16" in err
+    assert "overflow: mm (written by body_mm) reaches" in (tmp_path / "r.txt").read_text()
+
+    status, out, report = _convert(tmp_path, m, "--planner", "all", "--fallback")
+    assert status == 0 and out.exists()
+    assert {"loop0.body/body_mm", "loop0.body/body_scale"} <= set(report["fallback"]["moved_to_fp32"])
+    assert not report["validation"].get("overflows")
