@@ -167,3 +167,17 @@ def test_calibration_measures_scan_bodies_with_listed_output_axes():
     assert ops["scan0.body/body_scale"]["precision"] == "float16"  # its output stays in range
     assert ops["scan0.body/body_acc"]["precision"] == "float32"
     assert "activation acc_out reaches" in ops["scan0.body/body_acc"]["reason"]
+
+
+def test_calibrating_a_loop_leaves_its_body_for_the_emitter():
+    """The probed run's additions are trimmed off the body itself: restoring a copy of the Loop node had
+    left the importer's reference to the body stale, so the emitter rewrote a detached body and the
+    written model's body read an FP32 weight the emitter had replaced by its FP16 copy (a scripted
+    loop exported by torch: ONNX Runtime refused the file)."""
+    m = growing_loop(trips=2, head_weight="W_head")  # the body alone reads W
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    converted, report = convert_onnx(m, calibration_inputs=feeds, planner="all")
+    onnx.checker.check_model(converted, full_check=True)
+    assert {o["name"]: o["precision"] for o in report.ops}["loop0.body/body_mm"] == "float16"
+    got = run(converted, feeds)[0]
+    assert rel_error(run(m, feeds)[0], got) < 1e-2

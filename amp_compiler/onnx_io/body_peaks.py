@@ -28,17 +28,17 @@ MIN_OPSET = 11  # IsInf (10) and today's Loop/Scan scan-output semantics; older 
 def body_peaks_exposed(model: ModelProto, wanted: Iterable[str]) -> Iterator[dict[str, str]]:
     """Within the block, ``model``'s main-graph ``Loop``/``Scan`` nodes have an extra output per
     ``wanted`` value their body computes: that value's peak per iteration. Yields ``{extra output:
-    body value}``; ``model`` is restored on exit (only those nodes are copied, not the model and its
-    weights)."""
+    body value}``; ``model`` is restored on exit: what was appended is trimmed off the same messages
+    (nothing is copied, and references into the bodies stay valid)."""
     wanted = set(wanted)
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
         wanted = set()
-    swapped: list[tuple[int, NodeProto]] = []
+    added: list[tuple[NodeProto, GraphProto, tuple[int, ...]]] = []  # what each node and body held before
     peaks: dict[str, str] = {}
     taken: set[str] | None = None
-    for i, node in enumerate(graph.node):
+    for node in graph.node:
         if node.op_type not in LOOPS or node.domain not in ("", "ai.onnx"):
             continue
         body = next((a.g for a in node.attribute if a.name == "body"), None)
@@ -47,21 +47,30 @@ def body_peaks_exposed(model: ModelProto, wanted: Iterable[str]) -> Iterator[dic
             continue
         if taken is None:
             taken = names_in_use(model)
-        original = NodeProto()
-        original.CopyFrom(node)
-        swapped.append((i, original))
-        peaks.update(_add_peaks(node, values, taken))
+        added.append((node, body, (len(node.output), len(body.node), len(body.output), len(body.initializer),
+                                   *(len(a.ints) for a in _axes(node)))))
+        peaks.update(_add_peaks(node, body, values, taken))
     try:
         yield peaks
-    finally:
-        for i, original in swapped:
-            graph.node[i].CopyFrom(original)
+    finally:  # the messages themselves are trimmed: the importer holds references into the bodies
+        for node, body, (outputs, nodes, body_outputs, initializers, *axes) in added:
+            del node.output[outputs:]
+            del body.node[nodes:]
+            del body.output[body_outputs:]
+            del body.initializer[initializers:]
+            for a, n in zip(_axes(node), axes):
+                del a.ints[n:]
 
 
-def _add_peaks(node: NodeProto, values: list[str], taken: set[str]) -> dict[str, str]:
-    """Give ``node``'s body a scan output per value (its peak this iteration) and ``node`` an
+def _axes(node: NodeProto) -> list:
+    """A ``Scan``'s attributes listing one entry per scan output."""
+    return [a for a in node.attribute if node.op_type == "Scan" and a.name in ("scan_output_axes",
+                                                                                "scan_output_directions")]
+
+
+def _add_peaks(node: NodeProto, body: GraphProto, values: list[str], taken: set[str]) -> dict[str, str]:
+    """Give ``node``'s ``body`` a scan output per value (its peak this iteration) and ``node`` an
     output stacking it; returns ``{node output: value}``."""
-    body: GraphProto = next(a.g for a in node.attribute if a.name == "body")
 
     def fresh(base: str) -> str:
         name, k = base, 1
@@ -88,10 +97,9 @@ def _add_peaks(node: NodeProto, values: list[str], taken: set[str]) -> dict[str,
         stacked = fresh(f"{node.name or node.op_type}/{value}/peaks")
         node.output.append(stacked)
         out[stacked] = value
-    if node.op_type == "Scan":  # a Scan that lists its scan outputs' axes or directions lists the new ones too
-        for a in node.attribute:
-            if a.name in ("scan_output_axes", "scan_output_directions") and len(a.ints):
-                a.ints.extend([0] * len(values))
+    for a in _axes(node):  # a Scan that lists its scan outputs' axes or directions lists the new ones too
+        if len(a.ints):
+            a.ints.extend([0] * len(values))
     return out
 
 
