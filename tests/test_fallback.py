@@ -6,13 +6,13 @@ import functools
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from amp_compiler import ConversionError, convert_onnx
 from amp_compiler.fallback import convert_with_fallback
 from amp_compiler.validate import run_reference
 
-from .builders import fin, model
+from .builders import fin, model, state_loop
 
 
 def _cancellation(d=128):
@@ -105,19 +105,10 @@ def test_cli_fallback_on_the_reference_runtime(tmp_path, capsys):
 def _cancelling_loop():
     """A Loop whose body adds and subtracts 2048 around its state of N(0, 1) values: FP16's spacing is 2
     there, so FP16 loses the state (an error, not an overflow) inside a body no run can expose."""
-    body = helper.make_graph(
-        [helper.make_node("Add", ["s_in", "big"], ["shifted"], name="body_shift"),
-         helper.make_node("Sub", ["shifted", "big"], ["s_out"], name="body_unshift"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
-        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", 4, 64)],
-        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", 4, 64)],
-        [numpy_helper.from_array(np.array(2048.0, np.float32), "big")])
-    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["s_final"], name="loop0", body=body),
-             helper.make_node("MatMul", ["s_final", "W"], ["y"], name="head")]
-    return model(nodes, [fin("x", 4, 64)], [fin("y", 4, 64)],
-                 [numpy_helper.from_array(np.eye(64, dtype=np.float32), "W"),
-                  numpy_helper.from_array(np.array(2, np.int64), "trips"),
-                  numpy_helper.from_array(np.array(True), "cond")])
+    body = [helper.make_node("Add", ["s_in", "big"], ["shifted"], name="body_shift"),
+            helper.make_node("Sub", ["shifted", "big"], ["s_out"], name="body_unshift")]
+    return state_loop(body, [numpy_helper.from_array(np.array(2048.0, np.float32), "big")], 2,
+                      [numpy_helper.from_array(np.eye(64, dtype=np.float32), "W")])
 
 
 def test_fallback_moves_the_low_ops_of_a_loop_body_whose_outputs_carry_the_error():
