@@ -12,6 +12,7 @@ called (``docs/architecture.md``, "Validation inputs"):
 * floats of rank 4 or named ``pixel*``/``image*``: images in [0, 1];
 * floats named ``audio*``/``input_values``/``wav*``/``input_features``: audio (or its
   normalised log-mel features) in [-1, 1];
+* integers a ``Loop`` reads as its trip count: 8 iterations;
 * other floats N(0, 1), other integers in {0, 1}.
 
 Symbolic dims take their ``--dim`` size (``dims``), else the one size the graph allows them
@@ -26,7 +27,9 @@ shorter than the first convolution of any speech encoder; and the height and wid
 from __future__ import annotations
 
 import numpy as np
-from onnx import ModelProto, TensorProto
+from typing import Iterator
+
+from onnx import ModelProto, NodeProto, TensorProto
 
 from .errors import ConversionError
 from .onnx_io.annotate import walk_nodes
@@ -44,33 +47,45 @@ _WAVEFORM = ("audio", "input_values", "wav")
 _CACHE = ("past", "cache", "present")  # a decoder's past_key_values.*: rank 4, not images
 _WAVEFORM_SAMPLES = 16000  # one second at 16 kHz, the rate speech encoders are trained on
 _IMAGE_SIDE = 224  # pixels: the ImageNet resolution most vision backbones are trained at
+_TRIP_COUNT = 8  # a Loop's iterations: 0 or 1 (other integers' draw) measured nothing of a state growing per step
 
 
-def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
-    """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table."""
-    nodes = list(walk_nodes(model.graph))  # a merged decoder embeds its tables in If branches
-    tables = {i.name: (i.dims[0] if i.dims else 0) for i in model.graph.initializer}
-    for node in nodes:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
-            tables[node.output[0]] = node.attribute[0].t.dims[0]
+def _reads(model: ModelProto) -> Iterator[tuple[str, NodeProto, int]]:
+    """(graph input, node, port) for every read of each graph input, directly or through ops that pass
+    its values on (``_PASS_THROUGH``, their first port), in any subgraph."""
     readers: dict[str, list] = {}
-    for node in nodes:
+    for node in walk_nodes(model.graph):  # a merged decoder embeds its tables in If branches
         for port, name in enumerate(node.input):
             readers.setdefault(name, []).append((node, port))
-    found = {}
     for inp in model.graph.input:
         frontier, seen = [inp.name], set()
         while frontier:
             name = frontier.pop()
             seen.add(name)
             for node, port in readers.get(name, ()):
-                if node.op_type == "Gather" and port == 1 and node.input[0] in tables and tables[node.input[0]]:
-                    rows, table = tables[node.input[0]], node.input[0]
-                    if inp.name not in found or rows < found[inp.name][0]:
-                        found[inp.name] = (rows, table)
-                elif node.op_type in _PASS_THROUGH and port == 0:
+                yield inp.name, node, port
+                if node.op_type in _PASS_THROUGH and port == 0:
                     frontier.extend(o for o in node.output if o not in seen)
+
+
+def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
+    """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table."""
+    tables = {i.name: (i.dims[0] if i.dims else 0) for i in model.graph.initializer}
+    for node in walk_nodes(model.graph):
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
+            tables[node.output[0]] = node.attribute[0].t.dims[0]
+    found = {}
+    for name, node, port in _reads(model):
+        if node.op_type == "Gather" and port == 1 and node.input[0] in tables and tables[node.input[0]]:
+            rows, table = tables[node.input[0]], node.input[0]
+            if name not in found or rows < found[name][0]:
+                found[name] = (rows, table)
     return found
+
+
+def _trip_counts(model: ModelProto) -> dict[str, str]:
+    """Graph input -> the ``Loop`` whose trip count (its first input) it is."""
+    return {name: node.name or "Loop" for name, node, port in _reads(model) if node.op_type == "Loop" and port == 0}
 
 
 def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None,
@@ -149,10 +164,14 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     """Feeds for the model's graph inputs and how each was drawn (see module docstring);
     ``dims`` sizes symbolic dims by name (``--dim``)."""
     rng = np.random.default_rng(seed)
-    rows = _table_rows(model)
+    rows, loops = _table_rows(model), _trip_counts(model)
     relations = pins, derived = relations_of_model(model, sized=dims or ())
     feeds, how = {}, {}
     for name, shape, dtype in graph_input_specs(model, default_dim, dims, relations):
+        if name in loops and np.issubdtype(dtype, np.integer):
+            feeds[name] = np.full(shape, _TRIP_COUNT, dtype)
+            how[name] = f"{_TRIP_COUNT} iterations of Loop {loops[name]} (pass --inputs for the counts you run)"
+            continue
         feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
         symbolic = dict(_symbolic_dims(model, name))
         pinned = [pins[d].describe() if d in pins else derived[d].describe(shape[i])

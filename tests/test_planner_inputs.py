@@ -250,3 +250,22 @@ def test_a_dim_the_model_does_not_have_is_refused_naming_the_ones_it_has(tmp_pat
     with pytest.raises(ConversionError, match=r"inputs declare none \(every input dim is fixed\)"):
         convert_onnx(static, dim_values={"batch": 3})
     assert convert_onnx(_batch_three_export(), dim_values={"batch": 3})[1].summary["dim_values"] == {"batch": 3}
+
+
+def test_a_loop_trip_count_input_is_drawn_as_several_iterations():
+    """An integer input a Loop reads as its trip count (through a Cast) was drawn in {0, 1}: validation
+    and calibration then ran its body at most once, measuring nothing of a state that grows per step."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["s_in", "two"], ["s_out"], name="body_double"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
+        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", 4)],
+        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", 4)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    nodes = [helper.make_node("Cast", ["steps"], ["steps64"], name="cast", to=TensorProto.INT64),
+             helper.make_node("Loop", ["steps64", "", "x"], ["y"], name="loop0", body=body)]
+    m = model(nodes, [fin("x", 4), fin("steps", dtype=TensorProto.INT32), fin("flags", 3, dtype=TensorProto.INT64)],
+              [fin("y", 4)])
+    feeds, how = model_inputs(m)
+    assert feeds["steps"].dtype == np.int32 and int(feeds["steps"]) == 8
+    assert "8 iterations of Loop loop0" in how["steps"]
+    assert set(np.unique(feeds["flags"])) <= {0, 1}  # other integers as before
