@@ -444,10 +444,11 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
 
 def _check_sparse(model: torch.nn.Module) -> None:
     """Refuse a trainable ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)``: its gradient is sparse, and
-    the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend)."""
+    the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend).
+    Reads parameters, never ``module.weight``: a parametrized one (``spectral_norm``) is computed on
+    each read, and its power iteration had updated the model's buffers at compile time."""
     for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        if getattr(module, "sparse", False) and isinstance(weight, torch.Tensor) and weight.requires_grad:
+        if getattr(module, "sparse", False) is True and any(p.requires_grad for p in module.parameters()):
             raise ConversionError("compile_training", f"module {name}", f"{type(module).__name__}(sparse=True) makes "
                                   "sparse gradients, which the captured step does not hold: use sparse=False "
                                   "(dense gradients, with any optimizer but SparseAdam)")

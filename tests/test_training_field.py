@@ -1,0 +1,47 @@
+"""compile_training on recipes found by trying it as a user would (docs/architecture.md, "Training"):
+each test is a habit that had trained wrong or failed, against eager PyTorch on the same seed."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from amp_compiler.training import compile_training  # noqa: E402
+
+from .test_training import _batch  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _quiet_compile(*args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the plan runs the whole step in FP32": known for a model this small
+        return compile_training(*args, **kw)
+
+
+def _spectral_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    spectral = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(16, 32))
+    return torch.nn.Sequential(spectral, torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def test_compiling_does_not_run_a_parametrization_and_its_buffers_follow_eager():
+    """``spectral_norm``'s power iteration updates its ``_u``/``_v`` buffers on every read of the
+    weight: a check at compile time had read ``module.weight``, one iteration eager never ran."""
+    captured, eager = _spectral_mlp(), _spectral_mlp()
+    x, y = _batch()
+    before = {n: b.clone() for n, b in captured.named_buffers()}
+    step = _quiet_compile(captured, F.cross_entropy, torch.optim.SGD(captured.parameters(), lr=0.1), (x, y))
+    for name, b in captured.named_buffers():
+        torch.testing.assert_close(b, before[name], rtol=0, atol=0)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(2):
+        step(x, y)
+        opt.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        opt.step()
+    for (name, a), (_, b) in zip(eager.named_buffers(), captured.named_buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
