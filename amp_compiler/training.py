@@ -31,6 +31,7 @@ from .fx_io.plans import largest_sizes, varying_dims
 from .plan import make_context
 from .train_capture import Setup, Variant, plan_variant, trace_variant
 from .train_ddp import check_no_sync
+from .user_frame import user_stacklevel
 
 
 @dataclass
@@ -147,7 +148,8 @@ class TrainStep:
             warnings.warn(f"compile_training: {stale[0]}.grad held a gradient from outside the step (an eager "
                           f"backward); the step computes and applies its own, so it is cleared: "
                           f"clip_grad_norm_ after the step clips nothing, pass max_grad_norm= (or max_grad_value=) "
-                          f"to compile_training, and keep_grads=True to read the step's gradients", stacklevel=4)
+                          f"to compile_training, and keep_grads=True to read the step's gradients",
+                          stacklevel=user_stacklevel())
 
     def _store_state(self, layout: fopt.StateLayout, tensors: list[torch.Tensor]) -> None:
         it = iter(tensors)
@@ -221,10 +223,10 @@ class TrainStep:
             warnings.warn(f"compile_training: {names} changed between steps {RESTLESS} times: taken as state, not "
                           f"a flag, so its changes no longer capture again (the step keeps the value it was captured "
                           f"with; a value that varies by step belongs in a tensor buffer, which the step reads)",
-                          stacklevel=4)
+                          stacklevel=user_stacklevel())
             return True
         warnings.warn(f"compile_training: {self._flags.describe(old, key[-1])} since the step was captured, which "
-                      f"baked the old value in: captured again for the new one", stacklevel=4)
+                      f"baked the old value in: captured again for the new one", stacklevel=user_stacklevel())
         return False
 
     def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
@@ -257,7 +259,8 @@ class TrainStep:
         self._captures.clear()
         self._taken.clear()
         warnings.warn(f"compile_training: the parameters that require grad changed ({len(self.setup.trainable)} "
-                      f"trainable, {len(self.setup.frozen)} frozen now): the step is captured again", stacklevel=4)
+                      f"trainable, {len(self.setup.frozen)} frozen now): the step is captured again",
+                      stacklevel=user_stacklevel())
 
     def _capture(self, key: tuple, variant: Variant, states, batch) -> _Capture:
         if len(self._captures) >= self.max_captures:
@@ -284,13 +287,14 @@ class TrainStep:
         if changed and not self._warned_hypers:  # once: a scheduler cycling them re-captures every step
             self._warned_hypers = True
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1}: "
-                          f"{self._hyper_advice(changed)}", stacklevel=4)
+                          f"{self._hyper_advice(changed)}", stacklevel=user_stacklevel())
         if new_shape:
             symbolic = (f"; batch dims {sorted(traced.symbols)} traced symbolic, so later sizes reuse it"
                         if traced.symbols else "")
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
                           f"(batch shapes {[tuple(t.shape) for t in batch]}, "
-                          f"{'update' if variant.update else 'accumulate'}{symbolic})", stacklevel=4)
+                          f"{'update' if variant.update else 'accumulate'}{symbolic})",
+                          stacklevel=user_stacklevel())
         gm = traced.gm
         # a symbolic step is sized by the largest size each batch dim took (as the export route's plans)
         hints = largest_sizes(traced.symbols, (*seen, shapes))
@@ -340,7 +344,7 @@ class TrainStep:
                       f"the cost model finds this model's ops too small for low precision to pay for its casts "
                       f"(launch-bound, {self.plan_options['runtime']} runtime); would change it: {change}or "
                       f"planner='greedy' (forces the GEMMs to FP16); the numbers are in "
-                      f"step.report.summary['fp32_tensor_core_why']", stacklevel=5)
+                      f"step.report.summary['fp32_tensor_core_why']", stacklevel=user_stacklevel())
 
     @property
     def captures(self) -> list[dict[str, Any]]:

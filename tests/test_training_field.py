@@ -45,3 +45,16 @@ def test_compiling_does_not_run_a_parametrization_and_its_buffers_follow_eager()
         opt.step()
     for (name, a), (_, b) in zip(eager.named_buffers(), captured.named_buffers()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_steps_warnings_point_at_the_users_line():
+    """The all-FP32 warning said at compile had pointed at training.py (a fixed stacklevel counted from
+    the step's call, one frame short from ``compile_training``)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x, y = _batch()
+    with pytest.warns(UserWarning) as said:
+        step = compile_training(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), (x, y))
+        step(*_batch(n=8))  # another batch size: "capturing step variant 2"
+    assert len(said) >= 2
+    assert [w.filename for w in said] == [__file__] * len(said)
