@@ -2,7 +2,7 @@
 
 A variant is fixed by the batch shapes, whether it applies the update (the last micro-batch)
 or only accumulates gradients, the optimizer's state layout and baked hyper-parameters, and
-the model's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
+every submodule's train/eval mode; ``training.TrainStep`` keeps one per key. The step is written
 functionally — forward and ``autograd.grad`` backward (seeded with ``loss / N * scale``) under
 one reparametrisation by the step's parameters (a gradient checkpoint's recompute sees them),
 the optimizer's own traced update (``optim.trace_update``) — and traced

@@ -2,7 +2,7 @@
 
 ``TrainStep`` keeps one captured, planned variant of the step per key (train_capture.py): batch
 shapes, update or accumulate-only, the optimizer's state layout and baked hyper-parameters,
-the model's mode. Parameters, optimizer state (kept in ``optimizer.state``, so the user's
+every submodule's train/eval mode. Parameters, optimizer state (kept in ``optimizer.state``, so the user's
 ``state_dict``/``load_state_dict`` work), scaler state and accumulated gradients are shared
 by every variant; the number of variants is bounded by ``max_captures``. The shared passes
 plan each graph: forward and backward GEMMs may go FP16, FP16 stops at the ``unscale_marker``
@@ -25,6 +25,7 @@ from . import optim as fopt
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
 from .fx_io.flags import RESTLESS, FlagWatch
+from .fx_io.mode import module_modes
 from .fx_io.model_checks import HookWatch, SwapWatch, refuse_meta, warn_if_hooked, warn_if_low_precision
 from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import largest_sizes, varying_dims
@@ -197,7 +198,7 @@ class TrainStep:
         states = self._states() if update else []
         key = (update, has_acc, tuple((tuple(t.shape), t.dtype) for t in batch),
                fopt.state_layout(states).signature() if update else None,
-               fopt.hyper_key(self.optimizer) if update else None, self.model.training,
+               fopt.hyper_key(self.optimizer) if update else None, module_modes(self.model),
                tuple(n for n, p in self._params.items() if p.requires_grad), self._flags.values())
         cap = self._captures.get(key) or self._taken.get(key) or self._symbolic_taking(key, batch)
         if cap is None and self._flag_changed(key):

@@ -58,3 +58,34 @@ def test_the_steps_warnings_point_at_the_users_line():
         step(*_batch(n=8))  # another batch size: "capturing step variant 2"
     assert len(said) >= 2
     assert [w.filename for w in said] == [__file__] * len(said)
+
+
+def _bn_dropout_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.3), torch.nn.Linear(32, 4))
+
+
+def test_a_submodule_switched_to_eval_after_compiling_is_followed():
+    """Freezing batch-norm statistics (``bn.eval()`` in a training model, a fine-tuning habit) had kept
+    running the capture made in train mode: batch statistics, running stats still updated, dropout on."""
+    captured, eager = _bn_dropout_mlp(), _bn_dropout_mlp()
+    x, y = _batch()
+    step = _quiet_compile(captured, F.cross_entropy, torch.optim.SGD(captured.parameters(), lr=0.1), (x, y))
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for i in range(4):
+        if i == 2:
+            for model in (captured, eager):
+                model[1].eval()
+                model[3].eval()
+        torch.manual_seed(i)
+        loss = step(x, y)
+        torch.manual_seed(i)
+        opt.zero_grad()
+        eager_loss = F.cross_entropy(eager(x), y)
+        eager_loss.backward()
+        opt.step()
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-6)
+    assert int(captured[1].num_batches_tracked) == 2
+    for (name, a), (_, b) in zip(eager.state_dict().items(), captured.state_dict().items()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)

@@ -20,4 +20,11 @@ def effective_training(model: torch.nn.Module) -> bool:
     return any(m.training for m in holders) if holders else model.training
 
 
-__all__ = ["effective_training"]
+def module_modes(model: torch.nn.Module) -> tuple[bool, ...]:
+    """Every submodule's ``training`` flag, in ``modules()`` order: a trace bakes each one in (a
+    batch norm switched to ``eval()`` inside a training model normalises by its running statistics
+    and stops updating them), so a capture is keyed by all of them, not by the root's alone."""
+    return tuple(m.training for m in model.modules())
+
+
+__all__ = ["effective_training", "module_modes"]
