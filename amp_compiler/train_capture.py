@@ -84,8 +84,10 @@ def _what(loss: Any) -> str:
         return f"shape {tuple(loss.shape)} (reduce it: .mean() or .sum())"
     if isinstance(loss, Mapping):
         keys = ", ".join(repr(k) for k in list(loss)[:4])
-        pick = "'loss'" if "loss" in loss else "the loss's key"
-        return f"a {type(loss).__name__} ({keys}): return its loss tensor (out[{pick}])"
+        if "loss" in loss:
+            return f"a {type(loss).__name__} ({keys}): return its loss tensor (out['loss'])"
+        return (f"a {type(loss).__name__} ({keys}) with no 'loss' (a transformers model computes one only when "
+                f"given labels=): compute the loss from its outputs in loss_fn, or return the loss's entry")
     return type(loss).__name__
 
 

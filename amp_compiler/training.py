@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -82,7 +82,9 @@ class TrainStep:
         self._swaps = SwapWatch(self.model)  # after the first capture, whose forward may set attributes
 
     # -- running --------------------------------------------------------------------------------
-    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *batch: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
+        if named or (len(batch) == 1 and isinstance(batch[0], Mapping)):
+            _refuse_mapping(named or batch[0], "step(...)'s batch")
         self._check_batch(batch)
         self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
@@ -447,6 +449,19 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
                  wrapper if all_reduce is not None else None)
 
 
+def _refuse_mapping(batch: Any, what: str) -> None:
+    """A dict batch (a collator's ``BatchEncoding``) is refused naming the tuple the step takes; it had
+    read "must hold tensors only, got a str" (the dict's keys)."""
+    if not isinstance(batch, Mapping):
+        return
+    keys = ", ".join(repr(k) for k in list(batch)[:4])
+    raise ValueError(f"compile_training: {what} is a {type(batch).__name__} ({keys}): the step takes tensors "
+                     f"in order, the model's positional inputs then n_targets targets, e.g. "
+                     f"(batch['input_ids'], batch['labels']) with loss_fn(outputs, labels); for keyword inputs "
+                     f"(a model computing its own loss from labels=), wrap the model in a module whose forward "
+                     f"takes them positionally and returns the loss, with loss_fn=lambda loss: loss, n_targets=0")
+
+
 def _check_sparse(model: torch.nn.Module) -> None:
     """Refuse a trainable ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)``: its gradient is sparse, and
     the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend).
@@ -497,6 +512,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                                  growth_interval=growth_interval)
     if config.mode == "dynamic":
         config = ls.LossScaleConfig("dynamic", init_scale, growth_factor, backoff_factor, growth_interval)
+    _refuse_mapping(example_batch, "the example batch")
     example_batch = tuple(example_batch)
     bad = [type(t).__name__ for t in example_batch if not isinstance(t, torch.Tensor)]
     if bad:

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from amp_compiler.errors import ConversionError  # noqa: E402
 from amp_compiler.training import compile_training  # noqa: E402
 
 from .test_training import _batch  # noqa: E402
@@ -89,3 +90,36 @@ def test_a_submodule_switched_to_eval_after_compiling_is_followed():
     assert int(captured[1].num_batches_tracked) == 2
     for (name, a), (_, b) in zip(eager.state_dict().items(), captured.state_dict().items()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class _Named(torch.nn.Module):
+    """A transformers-style model: keyword inputs, a dict output holding a loss only given labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        logits = self.linear(x)
+        return {"logits": logits} if labels is None else {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_a_dict_batch_and_a_loss_less_output_name_what_the_step_takes():
+    """A collator's dict batch had been "must hold tensors only, got a str" (its keys), and an output
+    without a loss "return its loss tensor (out[the loss's key])"."""
+    model = _Named()
+    x, y = _batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"the example batch is a dict \('x', 'labels'\): the step takes tensors "
+                                         r"in order.*loss_fn=lambda loss: loss, n_targets=0"):
+        compile_training(model, lambda out: out["loss"], opt, {"x": x, "labels": y}, n_targets=0)
+    with pytest.raises(ConversionError, match=r"got a dict \('logits'\) with no 'loss'.*given labels="):
+        compile_training(model, lambda out, labels: out, opt, (x, y))
+    step = _quiet_compile(model, lambda out: out["loss"], opt, (x, y), n_targets=0)
+    for call in (lambda: step({"x": x, "labels": y}), lambda: step(x=x, labels=y)):
+        with pytest.raises(ValueError, match=r"step\(...\)'s batch is a dict \('x', 'labels'\)"):
+            call()
+    before = model.linear.weight.detach().clone()
+    step(x, y)  # positionally, the model's own loss (labels=) trains
+    assert not torch.equal(before, model.linear.weight)
