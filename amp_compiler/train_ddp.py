@@ -3,6 +3,7 @@
 ``unwrap`` takes the module out of its DDP wrapper (the step calls the module functionally,
 so DDP's hooks never run) and returns an ``all_reduce`` that averages the gradients over the
 process group with functional collectives, traced into the step graph like any other op.
+``sync_buffers`` does what DDP's forward does before it runs: broadcast the buffers from rank 0.
 """
 
 from __future__ import annotations
@@ -37,3 +38,11 @@ def check_no_sync(ddp: torch.nn.Module | None, call: int, accumulation_steps: in
                      f"accumulation_steps={accumulation_steps}, which all-reduces and updates: pass "
                      f"accumulation_steps=<micro-batches per update> and call the step without no_sync() "
                      f"(it all-reduces on the last micro-batch only)")
+
+
+def sync_buffers(ddp: torch.nn.Module | None) -> None:
+    """Broadcast the module's buffers from rank 0 before a micro-batch, as DDP's forward does with
+    ``broadcast_buffers=True`` (its default): the step calls the module, not DDP, so each rank's
+    batch-norm running statistics had drifted on its own data."""
+    if ddp is not None and ddp._check_sync_bufs_pre_fwd():  # noqa: SLF001 - DDP's own test and sync
+        ddp._sync_buffers()  # noqa: SLF001

@@ -31,7 +31,7 @@ from .fx_io.operand_dtypes import check_operand_dtypes
 from .fx_io.plans import largest_sizes, varying_dims
 from .plan import make_context
 from .train_capture import Setup, Variant, plan_variant, trace_variant
-from .train_ddp import check_no_sync
+from .train_ddp import check_no_sync, sync_buffers
 from .user_frame import user_stacklevel
 
 
@@ -94,6 +94,7 @@ class TrainStep:
         if len(self._captures) != n_captures:  # a capture runs the forward's Python, which may set attributes
             self._swaps.reset()
         v = cap.variant
+        sync_buffers(self.setup.ddp)
         flat = self._flat_inputs(batch, v)
         outputs = list(cap.runner(*flat))
         loss = outputs[0]

@@ -2,7 +2,9 @@
 
 Each rank trains 10 mixed-precision steps (FP16 GEMMs, ``planner="greedy"``) on its own data
 and, beside it, an eager FP32 DDP copy; the gradients are all-reduced inside the captured
-step. Both ranks must end with identical parameters, within 1e-2 (relative norm) of eager.
+step. Both ranks must end with identical parameters, within 1e-2 (relative norm) of eager. A
+batch-norm model's buffers must follow eager's on both ranks (DDP broadcasts rank 0's before each
+forward).
 """
 
 from __future__ import annotations
@@ -28,6 +30,29 @@ def _free_port() -> int:
 def _mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def _bn_buffers(x: torch.Tensor, y: torch.Tensor) -> list[tuple[list, list]]:
+    """(captured, eager) running statistics of a batch-norm model after 3 DDP steps: each rank's had
+    drifted on its own data, DDP's forward broadcasts rank 0's (``broadcast_buffers=True``)."""
+    from amp_compiler.training import compile_training
+
+    def bn():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+
+    F = torch.nn.functional
+    eager, mixed = torch.nn.parallel.DistributedDataParallel(bn()), torch.nn.parallel.DistributedDataParallel(bn())
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = compile_training(mixed, F.cross_entropy, torch.optim.SGD(mixed.parameters(), lr=0.1), (x, y))
+    for _ in range(3):
+        opt_e.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        opt_e.step()
+        step(x, y)
+    return [(m.float().tolist(), e.float().tolist()) for m, e in zip(mixed.buffers(), eager.buffers())]
 
 
 def _rank(rank: int, world: int, port: int, queue) -> None:
@@ -62,7 +87,8 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
         queue.put((rank, [p.detach().tolist() for p in mixed.parameters()],
                    [p.detach().tolist() for p in eager.parameters()], step.skipped_steps,
                    step.report.summary["fp16_gemm_flop_fraction"],
-                   sum("all_reduce" in str(n.target) for n in step.graph_module.graph.nodes), no_sync))
+                   sum("all_reduce" in str(n.target) for n in step.graph_module.graph.nodes), no_sync,
+                   _bn_buffers(x + rank, y)))
     finally:
         dist.destroy_process_group()
 
@@ -82,7 +108,7 @@ def test_ddp_two_ranks_identical_parameters_close_to_eager_data_parallel_fp32():
             p.join(30)
             if p.is_alive():
                 p.kill()
-    (_, mixed0, eager0, skipped0, fp16_0, reduces, no_sync), (_, mixed1, _, skipped1, _, _, _) = results
+    (_, mixed0, eager0, skipped0, fp16_0, reduces, no_sync, _), (_, mixed1, _, skipped1, *_) = results
     assert "inside DistributedDataParallel.no_sync() on call 1 of accumulation_steps=1" in no_sync
     assert fp16_0 == 1.0 and skipped0 == skipped1 == 0
     assert reduces == len(mixed0)  # one all-reduce per gradient, inside the captured step
@@ -92,3 +118,6 @@ def test_ddp_two_ranks_identical_parameters_close_to_eager_data_parallel_fp32():
         m, e = torch.tensor(m), torch.tensor(e)
         assert not torch.equal(e, s)  # training moved the parameters
         assert float((m - e).norm() / e.norm()) <= 1e-2
+    for *_, buffers in results:
+        for m, e in buffers:
+            torch.testing.assert_close(torch.tensor(m), torch.tensor(e), rtol=1e-4, atol=1e-5)
