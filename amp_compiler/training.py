@@ -321,9 +321,19 @@ class TrainStep:
         return []
 
     def _hyper_advice(self, changed: list[str]) -> str:
+        """Why ``changed`` hyper-parameters capture again, and the fix for each: a scheduler cycling
+        ``momentum`` takes ``cycle_momentum=False``; any other (a weight-decay schedule) had been given
+        that same advice, which changes nothing for it."""
+        fixes = []
+        if "momentum" in changed:
+            fixes.append("if a scheduler cycles momentum (OneCycleLR, CyclicLR), pass it cycle_momentum=False")
+        others = [name for name in changed if name != "momentum"]
+        if others:
+            fixes.append(f"keep {', '.join(others)} constant or change {'them' if len(others) > 1 else 'it'} "
+                         f"rarely (a schedule setting a new value at every step captures at every step)")
         return (f"optimizer {type(self.optimizer).__name__}'s hyper-parameters {changed} changed since a capture "
-                f"(each value is a constant of the graph): if a scheduler cycles them (OneCycleLR, CyclicLR), "
-                f"pass it cycle_momentum=False")
+                f"(each value is a constant of the graph: the optimizer branches on it in Python): "
+                f"{'; '.join(fixes)}")
 
     def _why_new_capture(self, key: tuple, batch: tuple) -> tuple[str, str]:
         """``(where, reason)`` of the error when ``key`` would be one capture too many: the optimizer's

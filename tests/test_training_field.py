@@ -123,3 +123,25 @@ def test_a_dict_batch_and_a_loss_less_output_name_what_the_step_takes():
     before = model.linear.weight.detach().clone()
     step(x, y)  # positionally, the model's own loss (labels=) trains
     assert not torch.equal(before, model.linear.weight)
+
+
+def test_a_weight_decay_schedule_is_told_what_changes_it_not_cycle_momentum():
+    """A weight-decay schedule (a constant of the graph: a capture per value) had been advised to pass
+    ``cycle_momentum=False``, which changes nothing for it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.04)
+    step = _quiet_compile(model, F.cross_entropy, opt, _batch(), max_captures=3)
+    step(*_batch())  # the state-creating capture, then the steady one
+    with pytest.warns(UserWarning) as said:
+        for i in range(3):
+            opt.param_groups[0]["weight_decay"] = 0.04 * (i + 2)
+            if i < 2:
+                step(*_batch())
+            else:
+                with pytest.raises(ConversionError, match=r"max_captures=3: optimizer AdamW's hyper-parameters "
+                                                          r"\['weight_decay'\].*keep weight_decay constant") as exc:
+                    step(*_batch())
+    advice = [str(w.message) for w in said if "hyper-parameters" in str(w.message)]
+    assert advice and all("weight_decay" in a and "cycle_momentum" not in a for a in advice)
+    assert "cycle_momentum" not in str(exc.value)
