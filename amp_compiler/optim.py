@@ -46,12 +46,32 @@ def check(optimizer: Any) -> None:
         raise ConversionError("compile_training", f"optimizer {name}", "is not a torch.optim.Optimizer")
     if name in UNSUPPORTED:
         raise ConversionError("compile_training", f"optimizer {name}", f"not supported: it {UNSUPPORTED[name]}")
+    refuse_step_hooks(optimizer)
     for group in optimizer.param_groups:
         lr = group.get("lr")
         if isinstance(lr, torch.Tensor) and lr.requires_grad or not isinstance(lr, (int, float, torch.Tensor)):
             raise ConversionError("compile_training", f"optimizer {name}", "lr must be a number")
         if any(torch.is_complex(p) for p in group["params"]):
             raise ConversionError("compile_training", f"optimizer {name}", "complex parameters are not supported")
+
+
+def refuse_step_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse step hooks (the optimizer's or torch's global ones): ``step()`` is traced once, so a hook
+    ran once at capture on traced tensors (an EMA ``lerp_`` of the real weights failed there, "Please
+    convert all Tensors to FakeTensors") and never at a step, silently."""
+    from torch.optim import optimizer as base
+
+    kinds = [name for name, hooks in (
+        ("register_step_pre_hook", getattr(optimizer, "_optimizer_step_pre_hooks", None)),
+        ("register_step_post_hook", getattr(optimizer, "_optimizer_step_post_hooks", None)),
+        ("register_optimizer_step_pre_hook", getattr(base, "_global_optimizer_pre_hooks", None)),
+        ("register_optimizer_step_post_hook", getattr(base, "_global_optimizer_post_hooks", None)),
+    ) if hooks]
+    if kinds:
+        raise ConversionError("compile_training", f"optimizer {type(optimizer).__name__}",
+                              f"has step hooks ({', '.join(kinds)}): its step() is traced once into the step's "
+                              f"graph, so a hook would run once at capture, on traced tensors, and never at a "
+                              f"step: remove it and call what it does after each step(...)")
 
 
 def hyper_key(optimizer: torch.optim.Optimizer) -> tuple:

@@ -88,6 +88,7 @@ class TrainStep:
         self._check_batch(batch)
         self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
+        fopt.refuse_step_hooks(self.optimizer)  # one registered after compile_training would never run
         self._check_not_replaced()
         n_captures = len(self._captures)
         cap = self._select(batch)

@@ -145,3 +145,30 @@ def test_a_weight_decay_schedule_is_told_what_changes_it_not_cycle_momentum():
     advice = [str(w.message) for w in said if "hyper-parameters" in str(w.message)]
     assert advice and all("weight_decay" in a and "cycle_momentum" not in a for a in advice)
     assert "cycle_momentum" not in str(exc.value)
+
+
+def test_optimizer_step_hooks_are_refused_naming_them():
+    """``step()`` is traced once: a step hook (an EMA of the weights) had run once at capture on traced
+    tensors, failing there ("convert all Tensors to FakeTensors") or, harmless there, never again."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    handle = opt.register_step_post_hook(lambda *_: None)
+    with pytest.raises(ConversionError, match=r"optimizer AdamW: has step hooks \(register_step_post_hook\).*"
+                                              r"never at a step"):
+        compile_training(model, F.cross_entropy, opt, _batch())
+    handle.remove()
+    step = _quiet_compile(model, F.cross_entropy, opt, _batch())
+    step(*_batch())
+    calls = []
+    handle = register_optimizer_step_pre_hook(lambda *_: calls.append(1))
+    try:  # registered after compiling, torch's global kind: refused before the step runs
+        before = model[0].weight.detach().clone()
+        with pytest.raises(ConversionError, match=r"register_optimizer_step_pre_hook"):
+            step(*_batch())
+        assert torch.equal(before, model[0].weight) and not calls
+    finally:
+        handle.remove()
+    step(*_batch())
