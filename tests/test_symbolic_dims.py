@@ -3,9 +3,14 @@ tensor (``amp_compiler/dims.py``, ``onnx_io/symbolic_dims.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -184,3 +189,19 @@ def test_a_large_constant_node_does_not_stop_relating_dims():
     m.graph.input[0].name = "x0"
     summary = convert_onnx(m, dim_values={"batch": 4, "seq": 512})[1].summary
     assert summary["gemm_flops"] == 2 * (4 * 512) * 64 * (64 + 1024)
+
+
+def test_relating_dims_does_not_import_torch(tmp_path):
+    """ONNX Runtime's shape tool is loaded without ``onnxruntime/tools/__init__.py``, which imports
+    torch where it is installed: seconds added to every ONNX conversion with symbolic dims."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: nothing could import it")
+    path = tmp_path / "flat.onnx"
+    onnx.save(_flattened_projection(), path)
+    probe = ("import sys\nfrom amp_compiler import convert_onnx\n"
+             "flops = convert_onnx(sys.argv[1], dim_values={'batch': 4, 'seq': 512})[1].summary['gemm_flops']\n"
+             "print(int(flops), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(2 * (4 * 512) * 64 * 1024), "False"]  # dims related, torch never loaded

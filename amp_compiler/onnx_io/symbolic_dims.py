@@ -23,6 +23,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 from ..dims import names_in
 from .inference import placeholder_names
 from .nonzero_ranges import nonzero_as_range
+from .ort_shape_tool import symbolic_shape_infer
 from .shape_folding import fold_shape_values
 from .tensors import is_external
 
@@ -76,17 +77,16 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]],
 def symbolic_model(light: ModelProto) -> ModelProto | None:
     """``light`` (a ``light_copy``) shaped by ONNX Runtime's symbolic inference from its inputs
     alone; None where that inference is missing or fails (best effort)."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:  # an ONNX Runtime build without its tools
+    tool = symbolic_shape_infer()
+    if tool is None:  # no ONNX Runtime, or a build without its tools
         return None
-    logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    logger = logging.getLogger(tool.__name__)
     level, logger.level = logger.level, logging.ERROR  # its merge notes are not the user's concern
     try:
         model = _shape_model(light)
-        inference = _symbolic_shapes(SymbolicShapeInference, model)
+        inference = _symbolic_shapes(tool.SymbolicShapeInference, model)
         if fold_shape_values(model, inference.known_vi_, inference.sympy_data_, _dims(light.graph.input)):
-            inference = _symbolic_shapes(SymbolicShapeInference, model)  # once more, with the pads known
+            inference = _symbolic_shapes(tool.SymbolicShapeInference, model)  # once more, with the pads known
         return inference.out_mp_
     except Exception:  # noqa: BLE001 - best effort: any op it cannot handle leaves onnx's shapes
         return None
@@ -112,8 +112,6 @@ def _infer_flatten(inference, node) -> None:
     """``Flatten``'s two dims as products of its input's, which that inference has no rule for (it
     named both anew: ``[batch, seq]`` flattened at axis 2, a TorchScript Longformer's mask, and a
     projection after ``Flatten`` was priced at ``--default-dim`` rows)."""
-    from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
-
     dims = inference._get_sympy_shape(node, 0)
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
     axis = axis + len(dims) if axis < 0 else axis
@@ -121,7 +119,7 @@ def _infer_flatten(inference, node) -> None:
     inference._update_computed_dims(shape)
     vi = inference.known_vi_[node.output[0]]
     vi.CopyFrom(helper.make_tensor_value_info(node.output[0], vi.type.tensor_type.elem_type,
-                                              get_shape_from_sympy_shape(shape)))
+                                              symbolic_shape_infer().get_shape_from_sympy_shape(shape)))
 
 
 def _infer_mod(inference, node) -> None:
