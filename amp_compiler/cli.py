@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except ConversionError as exc:
-        exc = _inputs_rejected(args, exc)
+        exc = _naming_the_model(args, _inputs_rejected(args, exc))
         return _fail(args, f"amp-compile: error: {exc}{_drawn_inputs_hint(args, exc)}", 2)
     except OSError as exc:  # I/O the file helpers do not wrap (writing a report, ...)
         where = exc.filename or args.input
@@ -309,7 +309,10 @@ def _feeds(args, model) -> dict:
     if args.inputs:
         args.inputs_drawn = {"*": f"read from {args.inputs}"}
         return load_inputs(args.inputs, model)
-    feeds, args.inputs_drawn = model_inputs(model, dims=_parse_dims(args.dim))
+    try:
+        feeds, args.inputs_drawn = model_inputs(model, dims=_parse_dims(args.dim))
+    except ConversionError as exc:  # a graph input no data can be drawn for: input_gen knows no file
+        raise ConversionError(exc.source or args.input, exc.where, exc.reason) from None
     args.drawn_shapes = {name: list(value.shape) for name, value in feeds.items()}
     return feeds
 
@@ -332,6 +335,17 @@ def _inputs_rejected(args, exc: ConversionError) -> ConversionError:
     except Exception:  # noqa: BLE001  the file loaded once already; without it, ORT's message stands
         return exc
     return source_rejects(exc, graph, shapes, str(args.input))
+
+
+_MODEL_LABELS = ("model", "the FP32 model", "the converted model")  # validate.py's and fallback.py's
+
+
+def _naming_the_model(args, exc: ConversionError) -> ConversionError:
+    """An error that names a model by its role, not its file (ONNX Runtime refusing "the
+    converted model") with the input's path in front, as every error names its file."""
+    if exc.source not in _MODEL_LABELS:
+        return exc
+    return ConversionError(args.input, ": ".join(part for part in (exc.source, exc.where) if part), exc.reason)
 
 
 def _drawn_inputs_hint(args, exc: ConversionError) -> str:
