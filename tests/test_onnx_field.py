@@ -44,3 +44,46 @@ def test_option_errors_are_not_given_the_models_name(tmp_path, capsys):
     onnx.save(_bf16_model(TensorProto.FLOAT), path)
     assert main([str(path), "--dry-run", "--dim", "seq"]) == 2
     assert capsys.readouterr().err.strip() == "amp-compile: error: --dim seq: expected NAME=SIZE with a positive integer size"
+
+
+def _dropout_in_training_mode() -> onnx.ModelProto:
+    """x -> MatMul -> Dropout(ratio 0.5, training_mode=True) -> MatMul -> y, as
+    ``torch.onnx.export(..., training=TrainingMode.TRAINING)`` writes an MLP."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32) * 0.1, name)
+               for name in ("W1", "W2")]
+    consts = [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+              numpy_helper.from_array(np.array(True), "training")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"),
+             helper.make_node("Dropout", ["h", "ratio", "training"], ["d", "mask"], name="drop"),
+             helper.make_node("MatMul", ["d", "W2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "train", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 64])], [*weights, *consts])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_validation_of_a_model_in_training_mode_compares_the_same_dropout_mask(tmp_path, capsys):
+    """Validation's runs expose every value, and an unseeded Dropout then drew different masks for
+    the two models: a 0.5 relative error blamed on FP16. Each random op runs seeded, both models alike."""
+    path = tmp_path / "train.onnx"
+    onnx.save(_dropout_in_training_mode(), path)
+    status = main([str(path), "-o", str(tmp_path / "out.onnx"), "--planner", "all", "--validate",
+                   "--report", str(tmp_path / "r.json")])
+    import json
+
+    validation = json.loads((tmp_path / "r.json").read_text())["validation"]
+    assert status == 0 and validation["passed"], validation
+    assert validation["max_rel_error"] > 0  # the plan did convert: the error measured is FP16's
+    assert not any(a.name == "seed" for n in onnx.load(tmp_path / "out.onnx").graph.node for a in n.attribute)
+
+
+def test_seeding_leaves_the_model_as_it_was():
+    from amp_compiler.onnx_io.seeded import seeded_random_ops
+
+    model = _dropout_in_training_mode()
+    model.graph.node.append(helper.make_node("RandomNormalLike", ["y"], ["noise"], name="noise", seed=7.0))
+    before = model.SerializeToString()
+    with seeded_random_ops(model) as seeded:
+        drop = model.graph.node[1]
+        assert seeded == 1 and [a.i for a in drop.attribute if a.name == "seed"] == [0]
+    assert model.SerializeToString() == before  # the user's own seed kept, ours taken off

@@ -12,6 +12,8 @@ from typing import Callable, Iterable
 import numpy as np
 from onnx import ModelProto, helper
 
+from .seeded import seeded_random_ops
+
 
 def run_exposed(model: ModelProto, names: Iterable[str], feeds: dict[str, np.ndarray], runner: Callable,
                 label: str) -> dict[str, np.ndarray]:
@@ -29,6 +31,7 @@ def run_exposed(model: ModelProto, names: Iterable[str], feeds: dict[str, np.nda
             graph.output.append(helper.make_empty_tensor_value_info(name))
             have.add(name)
     try:
-        return dict(zip([o.name for o in graph.output], runner(model, feeds, label=label)))
+        with seeded_random_ops(model):  # both models' runs draw the same dropout masks
+            return dict(zip([o.name for o in graph.output], runner(model, feeds, label=label)))
     finally:
         del graph.output[kept:]
