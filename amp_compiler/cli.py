@@ -47,7 +47,7 @@ exit status: 0 converted (and validated, with --validate); 1 validation error ab
 --tolerance (the model is not written; --report files are, with the errors); 2 bad input
 or options (one line on stderr names the file, op and reason; no output file is left
 behind and the input is never modified); 3 internal error (a bug: please report it;
---debug shows the traceback).
+--debug shows the traceback); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): nothing left.
 """
 
 
@@ -192,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.tolerance is None:
         args.tolerance = DEFAULT_TOLERANCE[args.dtype]
+    from .terminate import Terminated, terminate_as_exception
+
     try:
-        return _run(args)
+        with terminate_as_exception():
+            return _run(args)
+    except Terminated:  # SIGTERM: the staged files are gone, as after Ctrl-C
+        return _fail(args, "amp-compile: terminated", 143)
     except ConversionError as exc:
         exc = _naming_the_model(args, _inputs_rejected(args, exc))
         return _fail(args, f"amp-compile: error: {exc}{_drawn_inputs_hint(args, exc)}", 2)

@@ -87,3 +87,23 @@ def test_seeding_leaves_the_model_as_it_was():
         drop = model.graph.node[1]
         assert seeded == 1 and [a.i for a in drop.attribute if a.name == "seed"] == [0]
     assert model.SerializeToString() == before  # the user's own seed kept, ours taken off
+
+
+def test_a_terminated_run_leaves_nothing_behind(tmp_path):
+    """SIGTERM (``kill``, ``timeout``, a cancelled CI job) ended the process at once and left the
+    hidden staging folder, with a partly written model in it, beside the output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "train.onnx"
+    onnx.save(_dropout_in_training_mode(), path)
+    probe = ("import os, signal, sys\nfrom amp_compiler import atomic\nstage = atomic.Staging.path\n"
+             "def path(self, dest):\n    staged = stage(self, dest)\n    staged.write_bytes(b'half')\n"
+             "    os.kill(os.getpid(), signal.SIGTERM)\n    return staged\n"
+             "atomic.Staging.path = path\nfrom amp_compiler.cli import main\n"
+             "sys.exit(main([sys.argv[1], '-o', sys.argv[2], '-q']))")
+    done = subprocess.run([sys.executable, "-c", probe, str(path), str(tmp_path / "out.onnx")], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 143 and done.stderr.strip() == "amp-compile: terminated", (done.returncode, done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.onnx"]
