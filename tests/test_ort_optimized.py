@@ -172,3 +172,39 @@ def test_validation_opens_the_converted_file_as_it_is(tmp_path, capsys):
         assert "the converted model: ONNX Runtime: cannot load it: " in err and "replace the existing tensor" in err, err
         assert err.endswith("(the FP32 model fails the same way as it is: ONNX Runtime refuses the source file)")
         assert not dst.exists()
+
+
+def _skip_layer_norm_with_its_sum() -> onnx.ModelProto:
+    """A residual block as ONNX Runtime's transformer optimizer writes a GPT-NeoX's: a
+    ``SkipLayerNormalization`` whose fourth output (``input_skip_bias_sum``, the residual) a plain
+    LayerNormalization reads, whose output is a graph output (nothing pulls it to FP16)."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("SkipLayerNormalization", ["h", "x", "g", "b"], ["normed", "", "", "sum"],
+                              name="skip_ln", domain=MS, epsilon=1e-5),
+             helper.make_node("MatMul", ["normed", "W2"], ["y"], name="head"),
+             helper.make_node("LayerNormalization", ["sum", "g", "b"], ["residual"], name="ln", axis=-1)]
+    g = helper.make_graph(nodes, "skip", [fin("x", "batch", 128, 256)], [fin("y", "batch", 128, 256),
+                          fin("residual", "batch", 128, 256)],
+                          [weight("W", 256, 256), weight("W2", 256, 256), weight("g", 256), weight("b", 256)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_contrib_ops_later_outputs_are_typed_by_its_schema(tmp_path):
+    """Only the first output of a contrib op was typed: SkipLayerNormalization's residual sum went
+    FP16 with the op while the LayerNormalization reading it stayed FP32, no cast between, and
+    ONNX Runtime refused the converted file, written without ``--validate``."""
+    pytest.importorskip("onnxruntime")
+    src, dst, rep = tmp_path / "neox_ort.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_skip_layer_norm_with_its_sum(), str(src))
+    assert main([str(src), "-o", str(dst), "--report", str(rep), "-q"]) == 0  # defaults; no --validate
+    ops = {op["name"]: op for op in json.loads(rep.read_text())["ops"]}
+    assert ops["skip_ln"]["precision"] != "n/a" and ops["ln"]["precision"] != "n/a"  # both float ops, planned
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((2, 128, 256)).astype(np.float32)
+    want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                 for p in (src, dst))
+    for a, b in zip(want, got):
+        assert np.abs(a - b).max() <= 1e-2 * np.abs(a).max()
