@@ -66,7 +66,10 @@ class Staging:
             if wanted is not None and dest not in wanted:
                 continue
             if staged.exists():
-                os.replace(staged, dest)
+                try:
+                    os.replace(staged, dest)
+                except OSError as exc:  # name the destination, not the hidden staged file no user knows
+                    raise OSError(exc.errno, exc.strerror, str(dest)) from None
                 done.append(dest)
             del self._files[dest]
         return done

@@ -107,3 +107,17 @@ def test_a_terminated_run_leaves_nothing_behind(tmp_path):
                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 143 and done.stderr.strip() == "amp-compile: terminated", (done.returncode, done.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.onnx"]
+
+
+def test_a_destination_that_cannot_be_replaced_is_named_not_its_staged_copy(tmp_path, capsys):
+    """A folder in the place of the output's ``.data`` file: the error named the hidden staged file
+    (``.out.onnx.data.<hex>.tmp/out.onnx.data``), which no user knows, instead of the destination."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_dropout_in_training_mode(), src, save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)
+    (tmp_path / "out.onnx.data").mkdir()
+    status = main([str(src), "-o", str(tmp_path / "out.onnx"), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.startswith(f"amp-compile: error: {tmp_path / 'out.onnx.data'}: "), err
+    assert ".tmp" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data", "out.onnx.data"]
