@@ -69,7 +69,7 @@ class Staging:
                 try:
                     os.replace(staged, dest)
                 except OSError as exc:  # name the destination, not the hidden staged file no user knows
-                    raise OSError(exc.errno, exc.strerror, str(dest)) from None
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from None
                 done.append(dest)
             del self._files[dest]
         return done
