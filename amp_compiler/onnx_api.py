@@ -24,6 +24,7 @@ from .onnx_io.files import has_external, load_model_files, materialize, save_mod
 from .onnx_io.importer import import_model
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
+from .onnx_io.cpu_layout import cpu_layout_note
 from .onnx_io.train_mode import training_mode_note
 from .numerics import RANGES
 from .plan import make_context, run_passes
@@ -156,6 +157,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
     if trained:
         report.summary["exported_in_training"] = trained
+    cpu_only = cpu_layout_note(imp.graph.ops.values())
+    if cpu_only:
+        report.summary["cpu_layout_ops"] = cpu_only
     if merged:
         report.summary["merged_duplicates"] = (
             f"merged {sum(merged.values())} duplicate ops into their twins ("

@@ -208,3 +208,25 @@ def test_a_contrib_ops_later_outputs_are_typed_by_its_schema(tmp_path):
                  for p in (src, dst))
     for a, b in zip(want, got):
         assert np.abs(a - b).max() <= 1e-2 * np.abs(a).max()
+
+
+def test_ort_cpu_layout_ops_are_said_first():
+    """A file saved at ONNX Runtime's default level (ORT_ENABLE_ALL) holds its CPU-only NCHWc
+    convolutions, which the plan leaves as exported; the report's first lines say so and what to
+    convert instead, not only an "unknown ops" row."""
+    nchwc = "com.microsoft.nchwc"
+    nodes = [helper.make_node("ReorderInput", ["x"], ["xr"], name="reorder_in", domain=nchwc),
+             helper.make_node("Conv", ["xr", "W"], ["c"], name="conv", domain=nchwc, kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("ReorderOutput", ["c"], ["co"], name="reorder_out", domain=nchwc, channels=16),
+             helper.make_node("Relu", ["co"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "nchwc", [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 8, 8)], [weight("W", 16, 16, 3, 3)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(nchwc, 1)])
+    report = convert_onnx(m)[1]
+    note = report.summary["cpu_layout_ops"]
+    assert note.startswith("3 ops of ORT's CPU-only layout") and "ORT_ENABLE_EXTENDED" in note
+    assert f"! {note[:60]}" in report.to_text()
+    plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                                                [fin("x", 1, 16, 8, 8)], [fin("y", 1, 16, 8, 8)]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    assert "cpu_layout_ops" not in convert_onnx(plain)[1].summary

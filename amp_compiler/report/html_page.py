@@ -77,7 +77,7 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
                      f'{", ".join(f"<code>{e(n)}</code>" for n in names)}</p>')
     # what the text report's first lines say: a plan that did nothing, or left tensor-core work FP32, says why
     said = [s.get("nothing_to_do"), s.get("raised_from_low"), s.get("merged_duplicates"), s.get("exported_in_training"),
-            s.get("guessed_gemm_sizes"),
+            s.get("cpu_layout_ops"), s.get("guessed_gemm_sizes"),
             *(s.get("fp32_tensor_core_why") or "").splitlines(),
             f"near tie: {s['near_tie']}" if s.get("near_tie") else None]
     parts += [f'<p class="warn">{e(line)}</p>' for line in said if line]

@@ -30,8 +30,9 @@ def render_text(report, max_rows: int | None = 60) -> str:
     for key in ("nothing_to_do", "raised_from_low", "merged_duplicates"):
         if s.get(key):
             out.append(trunc_end("! " + clean(s[key]), W))
-    if s.get("exported_in_training"):  # Dropout/BatchNormalization left in training mode by the export
-        out.append(trunc_end("! " + clean(s["exported_in_training"]), W))
+    for key in ("exported_in_training", "cpu_layout_ops"):  # training-mode nodes; ORT's CPU-only layout ops
+        if s.get(key):
+            out.append(trunc_end("! " + clean(s[key]), W))
     if s.get("guessed_gemm_sizes"):  # GEMMs read dims shape inference made up (sized --default-dim)
         out.append(trunc_end("! " + clean(s["guessed_gemm_sizes"]), W))
     for line in (s.get("fp32_tensor_core_why") or "").splitlines():  # why GEMM/conv work stayed FP32
