@@ -135,10 +135,11 @@ def storage_spans(n_rows: int, n_casts: int, read_row: np.ndarray, read_at: np.n
 
 def peak_bytes(first: np.ndarray, final: np.ndarray, nbytes: np.ndarray, steps: int) -> int:
     """The largest sum of ``nbytes`` alive at once, each alive from ``first`` to ``final``
-    (inclusive) of ``steps`` op positions; 0 for none."""
+    (inclusive) of ``steps`` op positions; 0 for none. A graph without ops (its outputs its inputs)
+    still has position 0, where its outputs live."""
     if len(nbytes) == 0:
         return 0
-    deltas = np.zeros(steps + 1, dtype=np.int64)
+    deltas = np.zeros(max(steps, 1) + 1, dtype=np.int64)
     np.add.at(deltas, first, nbytes)
     np.add.at(deltas, final + 1, -nbytes)
     return max(int(np.cumsum(deltas).max()), 0)

@@ -121,3 +121,15 @@ def test_a_destination_that_cannot_be_replaced_is_named_not_its_staged_copy(tmp_
     assert status == 2 and err.startswith(f"amp-compile: error: {tmp_path / 'out.onnx.data'}: "), err
     assert ".tmp" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data", "out.onnx.data"]
+
+
+def test_a_graph_without_ops_converts_to_itself(tmp_path, capsys):
+    """An export of an identity (its output its input) had no op position for the output to live
+    at: the memory estimate indexed past its table, an internal error (exit 3)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([], "identity", [x], [x])
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = tmp_path / "out.onnx"
+    assert main([str(path), "-o", str(out), "--validate", "-q"]) == 0, capsys.readouterr().err
+    assert [o.name for o in onnx.load(out).graph.output] == ["x"]
