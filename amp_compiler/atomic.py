@@ -33,7 +33,7 @@ class Staging:
 
     def path(self, dest: str | os.PathLike) -> Path:
         """Where to write ``dest`` until it is published (the same file name, in a staging folder)."""
-        dest = Path(os.path.abspath(dest))
+        dest = _destination(dest)
         if dest in self._files:
             return self._files[dest]
         folder = self._dirs.get(dest.parent)
@@ -60,7 +60,7 @@ class Staging:
         A model's data file is staged before its ``.onnx`` file, so a reader never sees a
         new model over old data. Returns the published destinations.
         """
-        wanted = None if only is None else {Path(os.path.abspath(p)) for p in only}
+        wanted = None if only is None else {_destination(p) for p in only}
         done = []
         for dest, staged in list(self._files.items()):
             if wanted is not None and dest not in wanted:
@@ -86,6 +86,14 @@ class Staging:
 
     def __exit__(self, *exc) -> None:
         self.discard()
+
+
+def _destination(path: str | os.PathLike) -> Path:
+    """Where ``path`` is written: its absolute path, or its target where it is a symbolic link, as a
+    plain ``open()`` writes (a rename over the link had replaced it: ``-o /dev/stdout`` as root
+    replaced the system's link with the model)."""
+    dest = Path(os.path.abspath(path))
+    return dest.resolve() if dest.is_symlink() else dest
 
 
 def atomic_write(path: str | os.PathLike, content: bytes) -> Path:

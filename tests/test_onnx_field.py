@@ -133,3 +133,34 @@ def test_a_graph_without_ops_converts_to_itself(tmp_path, capsys):
     out = tmp_path / "out.onnx"
     assert main([str(path), "-o", str(out), "--validate", "-q"]) == 0, capsys.readouterr().err
     assert [o.name for o in onnx.load(out).graph.output] == ["x"]
+
+
+def test_an_output_that_is_a_pipe_is_refused_and_left_as_it_is(tmp_path, capsys):
+    """The model is staged and renamed into place, and a rename replaces whatever is there: ``-o
+    /dev/null`` as root replaced the system's null device with the model. A device or pipe (a FIFO
+    here: never a system path in a test) is refused, and stays."""
+    import os
+    import stat
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_bf16_model(TensorProto.FLOAT), path)
+    fifo = tmp_path / "out.onnx"
+    os.mkfifo(fifo)
+    assert main([str(path), "-o", str(fifo), "-q"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_an_output_that_is_a_link_is_written_through_it(tmp_path):
+    """A rename over a symbolic link replaced the link (``-o /dev/stdout`` as root replaced the
+    system's link); the model goes where a plain open() writes, the link's target."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_bf16_model(TensorProto.FLOAT), path)
+    (tmp_path / "models").mkdir()
+    target = tmp_path / "models" / "target.onnx"
+    target.write_bytes(b"old")
+    link = tmp_path / "out.onnx"
+    link.symlink_to(target)
+    assert main([str(path), "-o", str(link), "--report", str(tmp_path / "r.json"), "-q"]) == 0
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert [n.name for n in onnx.load(target).graph.node] == [n.name for n in onnx.load(path).graph.node]

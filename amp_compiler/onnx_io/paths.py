@@ -32,9 +32,12 @@ def input_files(model: ModelProto, model_path: str | os.PathLike) -> list[Path]:
 
 
 def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike]) -> Path:
-    """Refuse writing over an input (or an input's data), into a missing folder or one that cannot be written."""
+    """Refuse writing over an input (or an input's data), over a device or pipe, into a missing folder or one
+    that cannot be written."""
     out = Path(out)
     name = str(out)
+    if out.is_symlink():  # written where a plain open() writes: the target, its .data file beside it
+        out = out.resolve()
     protected = {Path(p).resolve() for p in inputs if p is not None}
     if out.resolve() in protected:
         raise ConversionError(name, "", "output path is the input file; choose another path")
@@ -44,6 +47,11 @@ def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike]) -
                                         "choose another path")
     if out.is_dir():
         raise ConversionError(name, "", "output path is a folder; give a file name")
+    if out.exists() and not out.is_file():  # the staged file's rename would replace the device itself (its link
+        # is followed: atomic.Staging writes where a plain open() would)
+        raise ConversionError(name, "", "output path is not a regular file (a device or a pipe: /dev/null as root "
+                                        "would be replaced by the model); give a file name, or --dry-run to "
+                                        "write no model")
     folder = out.resolve().parent
     if not folder.exists():
         raise ConversionError(name, "", f"output folder {folder} does not exist")
