@@ -13,6 +13,7 @@ nothing. Staged files are created like a plain ``open()`` would create them
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -36,6 +37,9 @@ class Staging:
         dest = _destination(dest)
         if dest in self._files:
             return self._files[dest]
+        if dest.exists() and not dest.is_file() and not dest.is_dir():  # a folder fails at publish, named
+            raise OSError(errno.EINVAL, "not a regular file (a device or a pipe), which publishing would replace",
+                          str(dest))
         folder = self._dirs.get(dest.parent)
         if folder is None:
             folder = _make_dir(dest.parent, dest.name)

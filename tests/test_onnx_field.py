@@ -164,3 +164,22 @@ def test_an_output_that_is_a_link_is_written_through_it(tmp_path):
     assert main([str(path), "-o", str(link), "--report", str(tmp_path / "r.json"), "-q"]) == 0
     assert link.is_symlink() and link.resolve() == target.resolve()
     assert [n.name for n in onnx.load(target).graph.node] == [n.name for n in onnx.load(path).graph.node]
+
+
+def test_the_api_refuses_to_save_over_a_pipe(tmp_path):
+    import os
+    import stat
+
+    import pytest
+
+    from amp_compiler import convert_onnx
+    from amp_compiler.errors import ConversionError
+
+    result = convert_onnx(_bf16_model(TensorProto.FLOAT))
+    for name, save in (("out.onnx", result.save), ("r.json", result.report.save)):
+        fifo = tmp_path / name
+        os.mkfifo(fifo)
+        with pytest.raises((OSError, ConversionError), match="not a regular file"):
+            save(fifo)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "r.json"]  # no staging folder left
