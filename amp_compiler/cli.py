@@ -481,8 +481,11 @@ def _parse_dims(items: list[str]) -> dict[str, int]:
     dims = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not value.isdigit() or int(value) < 1:
+        if not sep or not name or not value.isdigit() or int(value) < 1:
             raise ConversionError("", f"--dim {item}", "expected NAME=SIZE with a positive integer size")
+        if dims.get(name, int(value)) != int(value):  # the last had silently won
+            raise ConversionError("", f"--dim {item}", f"{name} is sized twice ({name}={dims[name]} before); "
+                                                       "give each dim one size")
         dims[name] = int(value)
     return dims
 

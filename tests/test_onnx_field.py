@@ -183,3 +183,14 @@ def test_the_api_refuses_to_save_over_a_pipe(tmp_path):
             save(fifo)
         assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "r.json"]  # no staging folder left
+
+
+def test_a_dim_sized_twice_or_without_a_name_is_refused(tmp_path, capsys):
+    """``--dim seq=512 --dim seq=256`` planned at 256 with no word said (the last won)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_bf16_model(TensorProto.FLOAT), path)
+    assert main([str(path), "--dry-run", "--dim", "seq=512", "--dim", "seq=256"]) == 2
+    assert capsys.readouterr().err.strip() == ("amp-compile: error: --dim seq=256: seq is sized twice (seq=512 "
+                                               "before); give each dim one size")
+    assert main([str(path), "--dry-run", "--dim", "=8"]) == 2
+    assert "expected NAME=SIZE" in capsys.readouterr().err
