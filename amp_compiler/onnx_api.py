@@ -22,6 +22,7 @@ from .onnx_io.common_subexpressions import merge_duplicates
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model_files, materialize, save_model
 from .onnx_io.importer import import_model
+from .onnx_io.validation import check_emitted
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
 from .onnx_io.cpu_layout import cpu_layout_note
@@ -150,6 +151,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         progress("emit")
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
     converted = emit(imp, result)
+    check_emitted(converted, source, imp.pending, nested, op_types | {"Cast"})  # a file ORT refuses is our bug
     report = build_report(result)  # after emission: the report describes the emitted model
     nodes = list(walk_nodes(converted.graph, nested=len(imp.graphs) > 1))  # the importer met every subgraph
     record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph

@@ -9,6 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler.cli import main
 
+from .builders import fin, model, weight
+
 
 def _bf16_model(input_dtype: int) -> onnx.ModelProto:
     """x -> Cast(bf16) -> MatMul(bf16 W) -> Cast(float) -> y: a model already in BF16, as
@@ -194,3 +196,30 @@ def test_a_dim_sized_twice_or_without_a_name_is_refused(tmp_path, capsys):
                                                "before); give each dim one size")
     assert main([str(path), "--dry-run", "--dim", "=8"]) == 2
     assert "expected NAME=SIZE" in capsys.readouterr().err
+
+
+def test_a_converted_model_onnx_would_refuse_is_an_error_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    """The converted model passes onnx's checker and strict type inference before anything is written:
+    a conversion bug (here a Cast made to write FP16 where its reader takes FP32) is said as one line
+    naming the node, not shipped as a file ONNX Runtime refuses at load with exit 0."""
+    from amp_compiler import onnx_api
+
+    real_emit = onnx_api.emit
+
+    def broken_emit(imp, result):
+        m = real_emit(imp, result)
+        cast = next(n for n in m.graph.node if n.op_type == "Cast" and n.attribute[0].i == TensorProto.FLOAT)
+        cast.attribute[0].i = TensorProto.FLOAT16  # its FP32 reader now reads FP16
+        return m
+
+    monkeypatch.setattr(onnx_api, "emit", broken_emit)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Softmax", ["h"], ["p"], name="sm"),
+             helper.make_node("ReduceSum", ["p"], ["y"], name="sum", keepdims=1)]
+    m = model(nodes, [fin("x", 64, 256)], [fin("y", 64, 1)], [weight("W", 256, 256)])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    src.write_bytes(m.SerializeToString())
+    status = main([str(src), "-o", str(out), "--planner", "all", "--deny", "ReduceSum", "-q"])
+    err = capsys.readouterr().err
+    assert status == 2 and not out.exists() and list(tmp_path.iterdir()) == [src]
+    assert "the converted model fails ONNX's check" in err and "a bug in amp-compiler" in err and "m.onnx" in err

@@ -53,7 +53,7 @@ def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None, at
         elif mt.full_name == "onnx.TensorProto":
             weights = None if fd.name == "indices" else made  # SparseTensorProto.indices
             for t in (value if repeated else [value]):
-                _copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, weights)
+                copy_tensor(t, getattr(dst, fd.name).add() if repeated else getattr(dst, fd.name), hook, weights)
         elif mt.full_name == "onnx.NodeProto":  # always repeated
             nodes = value[:]
             _copy_nodes(nodes, [n.attribute for n in nodes] if attributes is None else attributes,
@@ -81,7 +81,9 @@ def _copy_nodes(nodes: list, attributes: list, dst, hook: TensorHook, made: list
     dst.extend(nodes[start:])
 
 
-def _copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook, made: list[TensorProto] | None) -> None:
+def copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook, made: list[TensorProto] | None) -> None:
+    """Copy ``src`` into ``dst`` as ``skeleton_copy`` does: whole, or, where ``hook`` gives entries, its
+    metadata only, external at those entries (appended to ``made``)."""
     entries = hook(src)
     if entries is None:
         dst.CopyFrom(src)

@@ -10,18 +10,20 @@ naming the file, the node or tensor, and the reason:
 5. Strict type and shape inference (``inference``) on that copy.
 
 Returns the types inference found, which the importer uses where the model declares
-none. docs/architecture.md, "Input handling".
+none. ``check_emitted`` runs steps 4 and 5 again on the converted model. docs/architecture.md,
+"Input handling".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 import onnx
 from onnx import GraphProto, ModelProto
 
 from ..errors import ConversionError
-from .inference import infer, inferred_types, light_copy, run_checker
+from .inference import emitted_light_copy, infer, inferred_types, light_copy, run_checker
 from .structure import check_structure, subgraphs
 from .symbolic_dims import relate_dims
 from .tensor_checks import check_tensors
@@ -60,6 +62,26 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     if consistent and relate_dims(light, types, outputs):
         types = inferred_types(light, nested)
     return types
+
+
+def check_emitted(model: ModelProto, source: str, pending: Iterable = (), nested: bool = True,
+                  op_types: Iterable[str] | None = None) -> None:
+    """onnx's checker and strict type inference (steps 4-5) on the converted ``model``, before anything
+    is written: the input passed them, so a failure here is the conversion's own, said as such instead of
+    a file ONNX Runtime refuses at load (a GPT-NeoX saved by ``optimize_model`` had been written with exit
+    0 and FP16 flowing into an FP32 LayerNormalization). ``pending``: the weights the model gets when it
+    is written (``stream.PendingCast``); ``nested``: the model may hold subgraphs; ``op_types``: its nodes'
+    op types, where known."""
+    stand_ins: list[onnx.TensorProto] = []
+    light = emitted_light_copy(model, (p.meta() for p in pending), stand_ins, nested, op_types)
+    try:
+        run_checker(light, source, stand_ins)
+        infer(light, source)
+    except ConversionError as exc:
+        raise ConversionError(source, exc.where, f"the converted model fails ONNX's check ({exc.reason}): "
+                                                 "a bug in amp-compiler, so nothing was written; please report "
+                                                 "it with the model. --deny-node on that node, or --planner "
+                                                 "greedy, may avoid it meanwhile") from None
 
 
 def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
