@@ -177,18 +177,22 @@ def input_symbols(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[tuple[i
     return out
 
 
+def raising_line(exc: BaseException) -> str:
+    """``file:line in function: `source``` of the innermost user-code frame of ``exc``'s traceback, or ''."""
+    where, tb = "", exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+            where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}" + (f": `{line}`" if line else "")
+        tb = tb.tb_next
+    return where
+
+
 def capture_error(exc: BaseException, source: str, tool: str = "torch.export") -> ConversionError:
     """A ``ConversionError`` naming the construct and the user's line that torch could not capture."""
     text = str(exc)
-    where = user_line(text)
-    if not where:
-        tb = exc.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if is_user_file(code.co_filename):
-                line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-                where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}" + (f": `{line}`" if line else "")
-            tb = tb.tb_next
+    where = user_line(text) or raising_line(exc)
     name = type(exc).__name__
     if name == "GuardOnDataDependentSymNode" or "data-dependent" in text:
         reason = ("data-dependent Python control flow (an if/while/int()/.item() on a tensor's value) "
@@ -294,7 +298,7 @@ def dynamo_aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], source:
 
 
 __all__ = ["accepts", "automatic_dynamic_shapes", "capture_error", "dynamo_aten_graph", "dynamo_weights",
-           "export_graph", "failing_module", "input_symbols", "views_as_reshapes"]
+           "export_graph", "failing_module", "input_symbols", "raising_line", "views_as_reshapes"]
 
 
 def views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import ConversionError
-from .capture import failing_module
+from .capture import failing_module, raising_line
 from .model_checks import scripted_submodule
 from .operand_dtypes import OperandDtypeError
 from ..rule_names import RuleNameError
@@ -55,6 +55,7 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
         refused = _refusal(exc)
         if refused is not None:  # the example or the options, not the construct, are what to fix
             raise type(refused)(route.source, refused.where, refused.reason) from None
+        _raise_if_eager_fails(route.source, model, args, kwargs, training)
         inner = exc
         while inner.__cause__ is not None and not isinstance(inner, ConversionError):
             inner = inner.__cause__
@@ -71,6 +72,26 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
                             f"...))")
     error.__context__ = export_error  # torch's tracebacks, for a debugger, not printed: one line uncaught too
     raise error from None
+
+
+def _raise_if_eager_fails(source: str, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool) -> None:
+    """A ``ConversionError`` when the model itself fails on the call both routes could not capture (an
+    example of the wrong shape, a config whose head counts do not divide): the call, not a construct
+    to make traceable, is what to fix. Run once, eagerly, only once both captures failed."""
+    try:
+        with grad_mode(training), torch.compiler.set_stance("force_eager"):
+            model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the model's own error, said in one line
+        module = failing_module(exc, model)
+        where = ", ".join(part for part in (f"module {module}" if module else "", raising_line(exc)) if part)
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        error = ConversionError(source, where or "forward",
+                                f"the model fails on this call in eager PyTorch too ({type(exc).__name__}: "
+                                f"{first[:300]}): the call, not its capture, is what to fix: pass inputs the "
+                                f"model runs on (compile(model, (x,), example_kwargs={{...}}) takes what the model is "
+                                f"called with)")
+        error.__context__ = exc  # the model's traceback, for a debugger
+        raise error from None
 
 
 def _refusal(exc: BaseException | None) -> OperandDtypeError | RuleNameError | None:
