@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .backend import amp_compiler_backend
+from .fx_io.capture_failure import eager_error, tracing_quiet
 from .fx_io.serving import CAPTURE_LOCK
 from .fx_io.plans import Plan, PlanCache, describe_key, merge_reports
 from .report import Report
@@ -40,12 +41,22 @@ class DynamoRoute:
     def plans(self) -> list[Plan]:
         return list(self.cache.plans.values())
 
-    def call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
+    def call(self, args: tuple, kwargs: dict, own_errors: bool = True) -> tuple[Plan, Any]:
         """Run one call through dynamo. Once the route holds ``max_plans`` plans, a call that would
         need another graph runs that part eagerly (``eager_on_recompile``), in FP32, with a warning.
-        Calls hold ``CAPTURE_LOCK``: any call may compile, and which graphs ran is the route's state."""
+        Calls hold ``CAPTURE_LOCK``: any call may compile, and which graphs ran is the route's state.
+        A call that fails and that the model fails on eagerly too (``own_errors``; an input of the wrong
+        shape or dtype) raises the model's own error, as the model would, not dynamo's fake-tensor
+        report of it."""
         with CAPTURE_LOCK.capturing():
-            return self._call(args, kwargs)
+            try:
+                with tracing_quiet():  # the failure is raised, as the model's error or dynamo's
+                    return self._call(args, kwargs)
+            except Exception:
+                own = eager_error(self.model, args, kwargs) if own_errors else None
+                if own is None:
+                    raise
+                raise own from None
 
     def _call(self, args: tuple, kwargs: dict) -> tuple[Plan, Any]:
         cache = self.cache

@@ -19,6 +19,7 @@ from .errors import ConversionError
 from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.capture import (accepts, automatic_dynamic_shapes, export_graph, input_symbols,
                               views_as_reshapes)
+from .fx_io.capture_failure import tracing_quiet
 from .fx_io.emitter import emit
 from .fx_io.importer import import_graph_module, resolve_rule_names
 from .fx_io.operand_dtypes import OperandDtypeError, check_operand_dtypes
@@ -77,7 +78,8 @@ class ExportRoute:
                 plan = self.cache.get(key) or self._symbolic_taking(args, kwargs)
                 if plan is None:
                     try:
-                        plan = self._put(key, self.plan(args, kwargs), args, kwargs)
+                        with tracing_quiet():  # a call export refuses goes to dynamo, which says why
+                            plan = self._put(key, self.plan(args, kwargs), args, kwargs)
                     except ConversionError as error:
                         if self.dynamic_shapes is not None or \
                                 isinstance(error, (CustomBackwardError, OperandDtypeError)):

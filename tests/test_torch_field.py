@@ -38,3 +38,58 @@ def test_a_call_the_model_itself_cannot_run_is_said_so_not_blamed_on_capture(exa
     assert "fails on this call in eager PyTorch too" in text, text
     assert "module 2 (_Heads)" in text and "view" in text, text
     assert "construct traceable" not in text and "FakeTensor" not in text, text
+
+
+class _Branchy(torch.nn.Module):
+    """A branch on a value: export refuses it, so the model is planned through dynamo."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h)
+
+
+_LATER_CALL = """
+import sys, torch, amp_compiler
+sys.path.insert(0, {tests!r})
+from test_torch_field import _Branchy
+model = (_Branchy() if {dynamo} else torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))).eval()
+amp = amp_compiler.compile(model, (torch.ones(2, 8),))
+print("route:", amp.capture)
+with torch.no_grad():
+    for bad in (torch.ones(2, 9), torch.ones(2, 8, dtype=torch.float16)):
+        try:
+            model(bad)
+        except Exception as exc:
+            own = exc
+        try:
+            amp(bad)
+        except Exception as exc:
+            print("raised:", type(exc) is type(own) and str(exc) == str(own), type(exc).__name__,
+                  str(exc).splitlines()[0][:40])
+"""
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_later_call_the_model_cannot_run_raises_the_model_s_own_error(dynamo):
+    """After compiling, a call with an input of the wrong width or dtype raised dynamo's
+    ``TorchRuntimeError`` ("Dynamo failed to run FX node with fake tensors ... Hint: Your code may
+    result in an error when running in eager"), after torch's loggers printed fake-tensor tracebacks:
+    it raises what the model raises, as the model would, and nothing else is printed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _LATER_CALL.format(tests=str(tests), dynamo=dynamo)],
+                          capture_output=True, text=True, timeout=300, cwd=tests.parent)
+    lines = done.stdout.splitlines()
+    assert lines[0] == ("route: " + ("torch.compile (dynamo, graph breaks allowed)" if dynamo else "torch.export")), \
+        done.stdout + done.stderr[-3000:]
+    assert len(lines) == 3 and all(line.startswith("raised: True RuntimeError ") for line in lines[1:]), done.stdout
+    assert "fake_tensor" not in done.stderr and "Traceback" not in done.stderr, done.stderr[:3000]

@@ -28,8 +28,9 @@ _TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch._in
 
 @contextlib.contextmanager
 def tracing_quiet() -> Iterator[None]:
-    """A capture (the example call's, a training step's trace) without torch's own error logs: a failure
-    becomes our one error (the traceback stays on its chained exception); later calls log as torch does."""
+    """A capture (the example call's, a later call's, a training step's trace) without torch's own error
+    logs: a failure becomes one error, ours or the model's (torch's traceback stays on a chained
+    exception); planned calls log as torch does."""
     loggers = [logging.getLogger(name) for name in _TRACING_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -47,7 +48,7 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
     naming module and construct."""
     try:
         with grad_mode(training), tracing_quiet():
-            plan, out = route.call(args, kwargs)
+            plan, out = route.call(args, kwargs, own_errors=False)
         if plan.report is not None:
             return plan, (out,)
         dynamo = "dynamo captured no graph (every op would run eagerly in FP32)"
@@ -74,14 +75,24 @@ def dynamo_or_raise(route: Any, model: torch.nn.Module, args: tuple, kwargs: dic
     raise error from None
 
 
+def eager_error(model: torch.nn.Module, args: tuple, kwargs: dict) -> Exception | None:
+    """The exception ``model`` raises called eagerly with ``args``/``kwargs`` (in the caller's grad
+    mode), or None: run only once a capture of that call failed, to tell the model's own error apart."""
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - returned to the caller, which raises it or says it
+        return exc
+    return None
+
+
 def _raise_if_eager_fails(source: str, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool) -> None:
     """A ``ConversionError`` when the model itself fails on the call both routes could not capture (an
     example of the wrong shape, a config whose head counts do not divide): the call, not a construct
     to make traceable, is what to fix. Run once, eagerly, only once both captures failed."""
-    try:
-        with grad_mode(training), torch.compiler.set_stance("force_eager"):
-            model(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the model's own error, said in one line
+    with grad_mode(training):
+        exc = eager_error(model, args, kwargs)
+    if exc is not None:
         module = failing_module(exc, model)
         where = ", ".join(part for part in (f"module {module}" if module else "", raising_line(exc)) if part)
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
@@ -106,4 +117,4 @@ def _refusal(exc: BaseException | None) -> OperandDtypeError | RuleNameError | N
     return None
 
 
-__all__ = ["dynamo_or_raise", "grad_mode", "tracing_quiet"]
+__all__ = ["dynamo_or_raise", "eager_error", "grad_mode", "tracing_quiet"]
