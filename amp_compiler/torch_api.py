@@ -50,7 +50,7 @@ from .export_route import ExportRoute, plan_context
 from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.capture_failure import dynamo_or_raise
-from .fx_io.inference_grad import warn_no_weight_grad
+from .fx_io.inference_grad import warn_no_weight_grad, warn_train_plan_without_grad
 from .fx_io.mode import effective_training
 from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, signature, warn_if_hooked,
                                  warn_if_low_precision, warn_if_recurrent)
@@ -134,6 +134,10 @@ class AmpModule(torch.nn.Module):
                 any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
             self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})",
                                                               stacklevel=user_stacklevel() + 1)
+        if self._mode[0] and any(self._mode[1] or ()) and self._recompile.get("training") is None and \
+                not torch.is_grad_enabled() and not self.__dict__.get("_no_grad_said"):  # left in train mode, called for inference: said once
+            self.__dict__["_no_grad_said"] = warn_train_plan_without_grad(f"AmpModule({self._source})",
+                                                                          stacklevel=user_stacklevel() + 1)
         return out
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:

@@ -93,3 +93,35 @@ def test_a_later_call_the_model_cannot_run_raises_the_model_s_own_error(dynamo):
         done.stdout + done.stderr[-3000:]
     assert len(lines) == 3 and all(line.startswith("raised: True RuntimeError ") for line in lines[1:]), done.stdout
     assert "fake_tensor" not in done.stderr and "Traceback" not in done.stderr, done.stderr[:3000]
+
+
+def _dropout_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 4))
+
+
+def test_a_model_left_in_train_mode_and_called_for_inference_is_told_to_call_eval():
+    """``AutoModel.from_config(...)`` builds a model in train mode: compiled and called under
+    ``torch.no_grad()`` it ran a training plan (dropout on, every weight cast at every call, FP32 by
+    cost) with no word of ``eval()``. The first such call says so, once; a model in eval mode, a plan
+    asked for with ``training=True`` and a call with grad mode on are not warned about."""
+    import warnings
+
+    x = torch.randn(4, 16)
+    amp = amp_compiler.compile(_dropout_mlp(), x)
+    assert amp.training
+    with torch.no_grad(), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        amp(x)
+        amp(x)
+    mine = [w for w in said if "train-mode plan" in str(w.message)]
+    assert len(mine) == 1 and "model.eval()" in str(mine[0].message), [str(w.message) for w in said]
+    assert mine[0].filename == __file__  # the user's line
+    quiet = [(amp_compiler.compile(_dropout_mlp(), x, training=True), torch.no_grad),
+             (amp_compiler.compile(_dropout_mlp().eval(), x), torch.no_grad),
+             (amp_compiler.compile(_dropout_mlp(), x), torch.enable_grad)]
+    for module, mode in quiet:
+        with mode(), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            module(x)
+        assert not [w for w in said if "train-mode plan" in str(w.message)], [str(w.message) for w in said]

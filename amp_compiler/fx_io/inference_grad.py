@@ -7,6 +7,12 @@ frozen feature extractor feeding a trained head (the same calls) trains the head
 intended. The first such call says it, once per module; the outputs are returned as they are
 (wrapping them to raise at backward cost a copy of every output of every inference call made
 without ``no_grad``, and broke the frozen-extractor case).
+
+The converse: a model left in train mode (``AutoModel.from_config`` and ``XModel(config)`` build one;
+only ``from_pretrained`` calls ``eval()``) compiled for inference gets a training plan, with
+dropout on and every weight cast at every call, often all FP32 by cost, and the report's advice
+named no ``eval()``. Its first call with grad mode off (``no_grad``, ``inference_mode``) says so,
+once, unless ``training=True`` was asked for.
 """
 
 from __future__ import annotations
@@ -24,4 +30,14 @@ def warn_no_weight_grad(source: str, stacklevel: int = 3) -> bool:
     return True
 
 
-__all__ = ["warn_no_weight_grad"]
+def warn_train_plan_without_grad(source: str, stacklevel: int = 3) -> bool:
+    """Say once that ``source`` runs a train-mode plan with grad mode off; returns True."""
+    warnings.warn(f"amp_compiler: {source} runs a train-mode plan under torch.no_grad()/inference_mode(): the model "
+                  f"is in train mode, so dropout is on and every weight is cast to FP16 at every call for its "
+                  f"gradient (the cost model often keeps such a plan FP32). For inference, call model.eval() (or "
+                  f"amp_model.eval()) first: its plan folds the weights once; to keep this plan, "
+                  f"compile(..., training=True)", stacklevel=stacklevel)
+    return True
+
+
+__all__ = ["warn_no_weight_grad", "warn_train_plan_without_grad"]
