@@ -51,7 +51,7 @@ from .fx_io.autograd_functions import CustomBackwardError
 from .fx_io.flags import RESTLESS, FlagWatch
 from .fx_io.capture_failure import dynamo_or_raise
 from .fx_io.inference_grad import warn_no_weight_grad, warn_train_plan_without_grad
-from .fx_io.mode import effective_training
+from .fx_io.mode import effective_training, module_modes
 from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, signature, warn_if_hooked,
                                  warn_if_low_precision, warn_if_recurrent)
 from .fx_io.operand_dtypes import OperandDtypeError
@@ -195,14 +195,16 @@ class AmpModule(torch.nn.Module):
         self.training = bool(mode)
         return self
 
-    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None, tuple]:
+    def _route_key(self) -> tuple[bool, tuple[bool, ...] | None, tuple, tuple[bool, ...]]:
         """The model's mode, where its plans keep gradients which parameters require them (a frozen one
-        is folded into an FP16 constant: unfrozen, it would get no gradient), and its Python flags
-        (a capture bakes their branches in: fx_io/flags.py)."""
+        is folded into an FP16 constant: unfrozen, it would get no gradient), its Python flags (a capture
+        bakes their branches in: fx_io/flags.py) and every submodule's train/eval flag (a batch norm
+        switched to ``eval()`` inside a model in train mode had kept the capture made with batch statistics)."""
         model, training = self._route.model, self._recompile.get("training")
         mode = effective_training(model)  # a wrapper made after .eval() is in train mode at its root only
         keeps = mode if training is None else training
-        return mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None, self._flags.values()
+        return (mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None, self._flags.values(),
+                module_modes(model))
 
     def _follow_mode(self) -> None:
         """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own),
@@ -240,8 +242,8 @@ class AmpModule(torch.nn.Module):
 
     def _rekey(self, drop: Callable[[tuple], tuple]) -> None:
         """Re-key the routes after the flags watch dropped attributes (``drop`` removes them from a key)."""
-        self.__dict__.update(_mode=(*self._mode[:2], drop(self._mode[2])),
-                             _routes={(*k[:2], drop(k[2])): route for k, route in self._routes.items()})
+        self.__dict__.update(_mode=(*self._mode[:2], drop(self._mode[2]), *self._mode[3:]),
+                             _routes={(*k[:2], drop(k[2]), *k[3:]): route for k, route in self._routes.items()})
 
     def _apply(self, fn, recurse: bool = True):
         """``.to(device)`` moves the plans' graphs and folded copies; a dtype change (``.double()``,

@@ -125,3 +125,20 @@ def test_a_model_left_in_train_mode_and_called_for_inference_is_told_to_call_eva
             warnings.simplefilter("always")
             module(x)
         assert not [w for w in said if "train-mode plan" in str(w.message)], [str(w.message) for w in said]
+
+
+def test_a_submodule_switched_to_eval_after_compiling_is_followed():
+    """``model.bn.eval()`` inside a model in train mode (freezing batch-norm statistics, a common
+    fine-tuning step) had kept the plan captured with batch statistics: a plan is keyed by every
+    submodule's flag now, as ``compile_training``'s captures are."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(32, 16)
+    amp = amp_compiler.compile(m, (x,))
+    amp(x)
+    m[1].eval()
+    with torch.no_grad():
+        ref = m(x)
+        got = amp(x)
+    assert torch.allclose(got, ref, atol=1e-2, rtol=1e-2), (got - ref).abs().max()
+    assert amp.plans == 2
