@@ -223,3 +223,15 @@ def test_a_converted_model_onnx_would_refuse_is_an_error_and_nothing_is_written(
     err = capsys.readouterr().err
     assert status == 2 and not out.exists() and list(tmp_path.iterdir()) == [src]
     assert "the converted model fails ONNX's check" in err and "a bug in amp-compiler" in err and "m.onnx" in err
+
+
+def test_a_model_already_in_bf16_is_counted_as_bf16_in_the_summary(tmp_path):
+    """Planned for FP16, a model exported in BF16 keeps its BF16 ops; the summary's node count had
+    labelled them by the plan's dtype ("3 FP16"), while the class table said BF16."""
+    from amp_compiler import convert_onnx
+
+    _, report = convert_onnx(_bf16_model(TensorProto.FLOAT))
+    lows = [o for o in report.ops if o["precision"] == "bfloat16"]
+    assert lows and report.summary["dtype"] == "float16"
+    nodes_line = next(line for line in str(report).splitlines() if line.strip().startswith("nodes"))
+    assert f"{len(lows)} BF16" in nodes_line and "FP16" not in nodes_line

@@ -15,6 +15,17 @@ from .schema import PRECISION_LABEL
 from .text_table import INDENT, TEXT_WIDTH, Col, cut, display_width, heading, more_line, table, trunc_end
 
 
+def _low_counts(ops: list, total, label: str) -> str:
+    """The summary's count of low-precision ops, by the dtypes they run in: a model already in BF16
+    planned for FP16 keeps its BF16 ops, which had read "3 FP16"; ``label`` (the plan's dtype) where
+    the ops do not say."""
+    counts = Counter(op.get("precision") for op in ops if isinstance(op, Mapping)
+                     and op.get("precision") in ("float16", "bfloat16"))
+    if not counts or sum(counts.values()) != total:
+        return f"{fmt_count(total)} {label}"
+    return ", ".join(f"{fmt_count(n)} {PRECISION_LABEL[d]}" for d, n in sorted(counts.items(), reverse=True))
+
+
 def render_text(report, max_rows: int | None = 60) -> str:
     """``report`` (a ``Report``) as terminal text; tables cut at ``max_rows`` rows (None: never)."""
     if max_rows is not None and max_rows < 0:
@@ -46,8 +57,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
     nodes = s.get("nodes")
     fp16, fp32 = s.get("fp16_nodes"), s.get("fp32_nodes")
     red_label = PRECISION_LABEL.get(clean(s.get("dtype")), "FP16")
-    rows = [("nodes", f"{fmt_count(nodes)} ({fmt_count(fp16)} {red_label}, "
-                      f"{fmt_count(fp32)} FP32)")]
+    rows = [("nodes", f"{fmt_count(nodes)} ({_low_counts(report.ops, fp16, red_label)}, {fmt_count(fp32)} FP32)")]
     rows.append(("casts", f"{fmt_count(s.get('casts'))} "
                           f"({fmt_bytes(s.get('cast_bytes'))} converted)"))
     frac, gemm = s.get("fp16_gemm_flop_fraction"), s.get("gemm_flops")
