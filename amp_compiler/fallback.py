@@ -8,9 +8,10 @@ feed them, are denied (``deny_nodes``), the
 model is re-planned — so casts stay optimal around them — and checked again; the
 number moved doubles each round, so a handful of rounds suffice. The writers of values that
 overflow FP16 (``overflow.py``: the CPU runtime computes them in FP32, so their error is
-invisible there) are moved first, all of them at once. A body of an ``If``/``Loop``/``Scan`` node
-cannot be exposed, so such a node with low-precision ops inside is measured as one op, and moving
-it moves them all (``low_bodies``).
+invisible there) are moved first, all of them at once. A ``Loop``/``Scan`` body cannot be exposed,
+so such a node with low-precision ops inside is measured as one op, and moving it moves them all
+(``low_bodies``). An ``If`` is not: a merged decoder holds the whole model in its branches, which
+would all move at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from onnx import ModelProto
 from .dtypes import LOW_PRECISION, short
 from .errors import ConversionError
 from .metrics import max_rel_error, rel_error
+from .onnx_io.body_peaks import LOOPS
 from .onnx_io.probe import run_exposed
 from .onnx_io.structure import graphs
 from .overflow import probed_runs, runnable
@@ -32,7 +34,7 @@ from .validate import branch_feeds, run_model, undetermined_selections
 def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
                 runner: Callable = run_model) -> list[tuple[float, str]]:
     """(error an op adds, op name) for every low-precision op of the main graph, and for every main-graph
-    ``If``/``Loop``/``Scan`` node with low-precision ops in its bodies (its name: ``low_bodies``), worst
+    ``Loop``/``Scan`` node with low-precision ops in its body (its name: ``low_bodies``), worst
     first. A body's values cannot be exposed, so such a node is measured as one op."""
     bodies = low_bodies(original, report)
     low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and not o.get("scope")]
@@ -79,13 +81,13 @@ def original_nodes(original: ModelProto, report) -> dict[str, Any]:
 
 
 def low_bodies(original: ModelProto, report) -> dict[str, tuple[Any, list[str]]]:
-    """Main-graph nodes holding subgraphs (``If``/``Loop``/``Scan``) whose bodies, at any depth, hold
-    low-precision ops: the importer's name for the node -> (node, those ops' plan names). The importer
-    scopes a body op as ``<node>.<attribute>/<op>`` (``onnx_io/importer.py``)."""
+    """Main-graph ``Loop``/``Scan`` nodes whose bodies, at any depth, hold low-precision ops: the
+    importer's name for the node -> (node, those ops' plan names). The importer scopes a body op as
+    ``<node>.<attribute>/<op>`` (``onnx_io/importer.py``)."""
     low = [(o.get("scope") or "", o["name"]) for o in report.ops if o["precision"] in LOW_PRECISION and o.get("scope")]
     found = {}
     for idx, node in enumerate(original.graph.node):
-        if not any(a.HasField("g") or a.graphs for a in node.attribute):
+        if node.op_type not in LOOPS or node.domain not in ("", "ai.onnx"):
             continue
         name = node.name or f"{node.op_type}_{idx}"
         inside = [op for scope, op in low if scope.startswith(f"{name}.")]
