@@ -124,9 +124,9 @@ def test_calibration_measures_loop_bodies():
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
     ref = run(m, feeds)[0]
     assert np.abs(ref).max() > 65504
-    naive, _ = convert_onnx(m, planner="all")
+    naive, _ = convert_onnx(m)
     assert not np.isfinite(_reference(naive, feeds)).all()  # the body's state overflows FP16
-    calibrated, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    calibrated, report = convert_onnx(m, calibration_inputs=feeds)
     assert m.SerializeToString() == before  # the probed run's extra outputs are gone
     onnx.checker.check_model(calibrated, full_check=True)
     ops = {o["name"]: o for o in report.ops}
@@ -139,22 +139,23 @@ def test_calibration_measures_loop_bodies():
 def test_calibration_of_a_loop_that_runs_no_iteration_flags_nothing_in_its_body():
     m = growing_loop(trips=0)
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
-    _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    _, report = convert_onnx(m, calibration_inputs=feeds)
     ops = {o["name"]: o for o in report.ops}
     assert ops["loop0.body/body_mm"]["precision"] == "float16"
 
 
 def test_calibration_measures_scan_bodies_with_listed_output_axes():
-    """A Scan accumulating scaled rows: its running sum passes FP16's range after a few rows. Its
-    ``scan_output_axes`` lists the scan outputs, so the probed run's must be listed too."""
+    """A Scan accumulating scaled rows (a GEMM by 5000 x the identity, tensor-core work the default plan
+    converts): its running sum passes FP16's range after a few rows. Its ``scan_output_axes`` lists
+    the scan outputs, so the probed run's must be listed too."""
     from onnx import numpy_helper
 
     body = helper.make_graph(
-        [helper.make_node("Mul", ["row", "k"], ["scaled"], name="body_scale"),
+        [helper.make_node("MatMul", ["row", "K"], ["scaled"], name="body_scale"),
          helper.make_node("Add", ["acc_in", "scaled"], ["acc_out"], name="body_acc"),
          helper.make_node("Identity", ["acc_out"], ["step_out"], name="body_step")],
         "body", [fin("acc_in", 64), fin("row", 64)], [fin("acc_out", 64), fin("step_out", 64)],
-        [numpy_helper.from_array(np.array(5e3, np.float32), "k")])
+        [numpy_helper.from_array((5e3 * np.eye(64)).astype(np.float32), "K")])
     nodes = [helper.make_node("Scan", ["acc0", "rows"], ["acc", "steps"], name="scan0", body=body,
                               num_scan_inputs=1, scan_output_axes=[0]),
              helper.make_node("MatMul", ["steps", "W"], ["y"], name="head")]
@@ -162,7 +163,7 @@ def test_calibration_measures_scan_bodies_with_listed_output_axes():
               [weight("W", 64, 64)])
     rows = np.abs(np.random.default_rng(1).standard_normal((16, 64))).astype(np.float32)  # each row * k below the 32752 margin
     feeds = {"acc0": np.zeros(64, np.float32), "rows": rows}
-    _, report = convert_onnx(m, planner="all", calibration_inputs=feeds)
+    _, report = convert_onnx(m, calibration_inputs=feeds)
     ops = {o["name"]: o for o in report.ops}
     assert ops["scan0.body/body_scale"]["precision"] == "float16"  # its output stays in range
     assert ops["scan0.body/body_acc"]["precision"] == "float32"
@@ -176,7 +177,7 @@ def test_calibrating_a_loop_leaves_its_body_for_the_emitter():
     loop exported by torch: ONNX Runtime refused the file)."""
     m = growing_loop(trips=2, head_weight="W_head")  # the body alone reads W
     feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
-    converted, report = convert_onnx(m, calibration_inputs=feeds, planner="all")
+    converted, report = convert_onnx(m, calibration_inputs=feeds)
     onnx.checker.check_model(converted, full_check=True)
     assert {o["name"]: o["precision"] for o in report.ops}["loop0.body/body_mm"] == "float16"
     got = run(converted, feeds)[0]
