@@ -30,14 +30,11 @@ _SATURATING = frozenset("Tanh Sigmoid Erf HardSigmoid Softsign".split())
 _MAX_CHAIN = 8
 
 
-def shared_values(original: ModelProto, converted: ModelProto) -> dict[str, str]:
-    """Main-graph node outputs of ``converted`` in FP16 -> the name ``original`` has them under:
-    their own; a graph output's where the conversion renamed its writer's output and cast it back
-    (``passes/casts.py``: ``logits_fp16`` -> ``logits``); or, for an inserted cast to FP16, its
-    source's (a graph input's values beyond 65504 are inf from its first cast on)."""
-    from .onnx_io.validation import infer_types
-
-    types = infer_types(converted)
+def shared_values(original: ModelProto, converted: ModelProto, fp16: set[str]) -> dict[str, str]:
+    """Main-graph node outputs of ``converted`` in FP16 (``fp16``: its FP16 values) -> the name
+    ``original`` has them under: their own; a graph output's where the conversion renamed its writer's
+    output and cast it back (``passes/casts.py``: ``logits_fp16`` -> ``logits``); or, for an inserted
+    cast to FP16, its source's (a graph input's values beyond 65504 are inf from its first cast on)."""
     computed = {o for n in original.graph.node for o in n.output if o}
     known = computed | {i.name for i in original.graph.input}
     outputs = {o.name for o in converted.graph.output}
@@ -50,7 +47,7 @@ def shared_values(original: ModelProto, converted: ModelProto) -> dict[str, str]
         elif n.input[0] in known:
             renamed[n.output[0]] = n.input[0]
     return {o: o if o in computed else renamed[o] for n in converted.graph.node for o in n.output
-            if (o in computed or o in renamed) and types.get(o, (0,))[0] == TensorProto.FLOAT16}
+            if (o in computed or o in renamed) and o in fp16}
 
 
 def runnable(model: ModelProto) -> bool:
@@ -69,8 +66,11 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
     overflows itself, rather than an inf reaching it: the reference runtime carries infs downstream).
     """
     original, converted = inline_taken_branches(original, feeds), inline_taken_branches(converted, converted_feeds)
-    names = shared_values(original, converted)
-    in_bodies = body_values(original, converted)
+    from .onnx_io.validation import infer_types
+
+    fp16 = {name for name, (code, _) in infer_types(converted).items() if code == TensorProto.FLOAT16}
+    names = shared_values(original, converted, fp16)
+    in_bodies = body_values(original, converted, fp16)
     inputs = {i.name for i in original.graph.input}
     with body_peaks_exposed(original, in_bodies.values()) as peaks:
         expected = {**run_exposed(original, sorted(set(names.values()) - inputs) + list(peaks), feeds, runner,
@@ -102,21 +102,20 @@ def probed_runs(original: ModelProto, converted: ModelProto, feeds: dict, conver
     return [expected[o] for o in outputs], [actual[o] for o in outputs], rows
 
 
-def body_values(original: ModelProto, converted: ModelProto) -> dict[str, str]:
-    """FP16 values of the bodies of ``converted``'s main-graph ``Loop``/``Scan`` nodes -> the name
-    ``original``'s body has them under (their own, or, for a body output the conversion cast back,
-    the output's: ``s_out_fp16`` -> ``s_out``); {} where there is no such body."""
-    def bodies(model: ModelProto) -> list:
-        return [a.g for n in model.graph.node if n.op_type in LOOPS and n.domain in ("", "ai.onnx")
-                for a in n.attribute if a.name == "body"]
+def _loop_bodies(model: ModelProto) -> list:
+    """The bodies of ``model``'s main-graph ``Loop``/``Scan`` nodes."""
+    return [a.g for n in model.graph.node if n.op_type in LOOPS and n.domain in ("", "ai.onnx")
+            for a in n.attribute if a.name == "body"]
 
-    converted_bodies = bodies(converted)
+
+def body_values(original: ModelProto, converted: ModelProto, fp16: set[str]) -> dict[str, str]:
+    """FP16 values (of ``fp16``) of the bodies of ``converted``'s main-graph ``Loop``/``Scan`` nodes ->
+    the name ``original``'s body has them under (their own, or, for a body output the conversion cast
+    back, the output's: ``s_out_fp16`` -> ``s_out``); {} where there is no such body."""
+    converted_bodies = _loop_bodies(converted)
     if not converted_bodies:
         return {}
-    from .onnx_io.validation import infer_types
-
-    computed = {o for body in bodies(original) for n in body.node for o in n.output if o}
-    fp16 = {name for name, (code, _) in infer_types(converted).items() if code == TensorProto.FLOAT16}
+    computed = {o for body in _loop_bodies(original) for n in body.node for o in n.output if o}
     found = {}
     for body in converted_bodies:
         outputs = {o.name for o in body.output}
@@ -134,8 +133,7 @@ def _body_rows(converted: ModelProto, in_bodies: dict[str, str], fp32_peaks: dic
     limit = float(np.finfo(np.float16).max)
     over = {value: float(np.max(peak)) for value, source in in_bodies.items()
             if (peak := np.asarray(fp32_peaks.get(source, ()))).size and np.max(peak) > limit}
-    writers = {o: n for body in (a.g for n in converted.graph.node for a in n.attribute if a.name == "body")
-               for n in body.node for o in n.output}
+    writers = {o: n for body in _loop_bodies(converted) for n in body.node for o in n.output}
     return [{"name": in_bodies[value], "value": value,
              "writer": writers[value].name or writers[value].op_type if value in writers else "",
              "fp32_peak": peak, "origin": value not in writers or not set(over).intersection(writers[value].input)}
