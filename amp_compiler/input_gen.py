@@ -68,14 +68,15 @@ def _reads(model: ModelProto) -> Iterator[tuple[str, NodeProto, int]]:
                     frontier.extend(o for o in node.output if o not in seen)
 
 
-def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
-    """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table."""
+def _table_rows(model: ModelProto, reads: list[tuple[str, NodeProto, int]]) -> dict[str, tuple[int, str]]:
+    """Graph input -> (rows, table) when it ends up as the indices of a Gather on a constant table
+    (``reads``: ``_reads(model)``)."""
     tables = {i.name: (i.dims[0] if i.dims else 0) for i in model.graph.initializer}
     for node in walk_nodes(model.graph):
         if node.op_type == "Constant" and node.attribute and node.attribute[0].t.dims:
             tables[node.output[0]] = node.attribute[0].t.dims[0]
     found = {}
-    for name, node, port in _reads(model):
+    for name, node, port in reads:
         if node.op_type == "Gather" and port == 1 and node.input[0] in tables and tables[node.input[0]]:
             rows, table = tables[node.input[0]], node.input[0]
             if name not in found or rows < found[name][0]:
@@ -83,9 +84,9 @@ def _table_rows(model: ModelProto) -> dict[str, tuple[int, str]]:
     return found
 
 
-def _trip_counts(model: ModelProto) -> dict[str, str]:
-    """Graph input -> the ``Loop`` whose trip count (its first input) it is."""
-    return {name: node.name or "Loop" for name, node, port in _reads(model) if node.op_type == "Loop" and port == 0}
+def _trip_counts(reads: list[tuple[str, NodeProto, int]]) -> dict[str, str]:
+    """Graph input -> the ``Loop`` whose trip count (its first input) it is (``reads``: ``_reads``)."""
+    return {name: node.name or "Loop" for name, node, port in reads if node.op_type == "Loop" and port == 0}
 
 
 def graph_input_specs(model: ModelProto, default_dim: int = 2, dims: dict[str, int] | None = None,
@@ -164,7 +165,8 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     """Feeds for the model's graph inputs and how each was drawn (see module docstring);
     ``dims`` sizes symbolic dims by name (``--dim``)."""
     rng = np.random.default_rng(seed)
-    rows, loops = _table_rows(model), _trip_counts(model)
+    reads = list(_reads(model))
+    rows, loops = _table_rows(model, reads), _trip_counts(reads)
     relations = pins, derived = relations_of_model(model, sized=dims or ())
     feeds, how = {}, {}
     for name, shape, dtype in graph_input_specs(model, default_dim, dims, relations):
