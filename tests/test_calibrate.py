@@ -161,7 +161,8 @@ def test_calibration_measures_scan_bodies_with_listed_output_axes():
              helper.make_node("MatMul", ["steps", "W"], ["y"], name="head")]
     m = model(nodes, [fin("acc0", 64), fin("rows", 16, 64)], [fin("acc", 64), fin("y", 16, 64)],
               [weight("W", 64, 64)])
-    rows = np.abs(np.random.default_rng(1).standard_normal((16, 64))).astype(np.float32)  # each row * k below the 32752 margin
+    # each row times 5000 below the 32752 margin; their running sum above it
+    rows = np.abs(np.random.default_rng(1).standard_normal((16, 64))).astype(np.float32)
     feeds = {"acc0": np.zeros(64, np.float32), "rows": rows}
     _, report = convert_onnx(m, calibration_inputs=feeds)
     ops = {o["name"]: o for o in report.ops}

@@ -49,7 +49,8 @@ def emitted_light_copy(model: ModelProto, pending: Iterable[TensorProto], stand_
     """``light_copy`` of a converted model, plus ``pending`` (name, type and dims of the weights it gets
     only when written, ``stream.PendingCast.meta``) as placeholders. Its nodes are copied whole, in C,
     tensor attributes included (``Constant`` values: weights are initializers), where ``light_copy``'s
-    walk of each node's attributes took 0.7-1.2 s at 100k nodes (this copy 0.3 s). ``op_types``: those of its nodes, where known."""
+    walk of each node's attributes took 0.7-1.2 s at 100k nodes (this copy 0.3 s). ``op_types``: those
+    of its nodes, where known."""
     light = ModelProto()
     _copy_fields(model, light, but="graph")
     g = light.graph
