@@ -32,6 +32,7 @@ from . import common
 
 DEFAULT_SIZES = (1000, 10000, 100000)
 MAX_100K_S = 30.0
+MAX_LINEARITY = 1.1  # issue 17: time grows at most 1.1x linear from 10k to 100k nodes
 
 
 def _one(n_nodes: int, result_path: str) -> None:
@@ -165,18 +166,36 @@ def render(data: dict[str, Any]) -> str:
                       f"i.e. **{g['linearity']:.2f}** of linear (1.00 = linear); memory × {g['memory_ratio']:.1f}. "
                       f"100k nodes in {g['t_100k_s']:.1f} s (target < {MAX_100K_S:.0f} s: "
                       f"{'met' if g['t_100k_s'] < MAX_100K_S else 'NOT met'})."]
+        if "f2f_linearity" in g:
+            lines += ["", "Issue 17, done-when 2, file to file: growth 10k → 100k "
+                          f"{_verdict(g['f2f_linearity'], MAX_LINEARITY)} of linear"
+                      + (f"; at 100k, amp-compile / ORT's float16 tool {_verdict(g['f2f_100k_vs_ort'], 1.0)}"
+                         if "f2f_100k_vs_ort" in g else "") + "."]
     return "\n".join(lines)
 
 
 def growth(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """10k -> 100k: time, nodes and memory ratios in memory, and where both sizes ran file to file,
+    the whole-process growth and the 100k ratio to ORT's float16 tool (issue 17, done-when 2)."""
     by = {r["requested"]: r for r in rows if r.get("ok")}
     if 10000 not in by or 100000 not in by:
         return None
     a, b = by[10000], by[100000]
     time_ratio = b["convert_s"] / a["convert_s"]
     node_ratio = b["n_nodes"] / a["n_nodes"]
-    return {"time_ratio": time_ratio, "node_ratio": node_ratio, "linearity": time_ratio / node_ratio,
-            "memory_ratio": b["peak_rss_kb"] / a["peak_rss_kb"], "t_100k_s": b["convert_s"]}
+    out = {"time_ratio": time_ratio, "node_ratio": node_ratio, "linearity": time_ratio / node_ratio,
+           "memory_ratio": b["peak_rss_kb"] / a["peak_rss_kb"], "t_100k_s": b["convert_s"]}
+    ours = [r.get("file_to_file", {}).get("amp-compiler", {}) for r in (a, b)]
+    ort = b.get("file_to_file", {}).get("ort-float16", {})
+    if all(c.get("ok") for c in ours):
+        out["f2f_linearity"] = ours[1]["wall_s"] / ours[0]["wall_s"] / node_ratio
+        if ort.get("ok"):
+            out["f2f_100k_vs_ort"] = ours[1]["wall_s"] / ort["wall_s"]
+    return out
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"**{value:.2f}** (target ≤ {target:.2f}: {'met' if value <= target else 'NOT met'})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -192,6 +192,24 @@ def test_scaling_measures_one_size_in_a_fresh_process() -> None:
     g = scaling.growth([{"requested": 10000, "ok": True, "n_nodes": 10000, "convert_s": 1.0, "peak_rss_kb": 100},
                         {"requested": 100000, "ok": True, "n_nodes": 100000, "convert_s": 12.0, "peak_rss_kb": 900}])
     assert g["linearity"] == pytest.approx(1.2) and g["t_100k_s"] == 12.0
+    assert "f2f_linearity" not in g  # no file-to-file runs: no verdict on them
+
+
+def test_scaling_states_done_when_2_from_the_file_to_file_runs() -> None:
+    """The whole-process growth and the 100k ratio to ORT's tool, each against its target."""
+    def row(n, ours, ort):
+        return {"requested": n, "ok": True, "n_nodes": n, "convert_s": ours * 0.9, "peak_rss_kb": 100,
+                "summary": {}, "stages": {},
+                "file_to_file": {"amp-compiler": {"ok": True, "wall_s": ours, "peak_rss_kb": 100},
+                                 "ort-float16": {"ok": True, "wall_s": ort, "peak_rss_kb": 100}}}
+
+    rows = [row(10000, 2.0, 1.0), row(100000, 21.0, 7.0)]
+    g = scaling.growth(rows)
+    assert g["f2f_linearity"] == pytest.approx(1.05) and g["f2f_100k_vs_ort"] == pytest.approx(3.0)
+    text = scaling.render({"rows": rows, "growth": g, "machine": {"cpu": "cpu", "cores": 2}, "command": "c",
+                           "date": "d", "repeat": 1, "commit": "abc", "dirty": False})
+    assert "**1.05** (target ≤ 1.10: met) of linear" in text
+    assert "amp-compile / ORT's float16 tool **3.00** (target ≤ 1.00: NOT met)" in text
 
 
 def test_file_to_file_times_whole_processes_with_the_stage_split(tmp_path: Path) -> None:
