@@ -4,7 +4,8 @@
 (``.<name>.<random>.tmp/<name>``, same filesystem, so a rename moves it); code
 writes there as it would to the destination (a model's ``.data`` file next to
 its ``.onnx``, relative locations and all), checks may run the staged files, and
-``publish()`` renames them into place only at the end. Anything not published
+``publish()`` renames them into place only at the end; files a destination's old
+version used and its new one does not (``retire``) are removed once it is published. Anything not published
 (an error, an interrupt, a failed check) is removed: a failed run leaves
 nothing. Staged files are created like a plain ``open()`` would create them
 (mode 0666 less the umask), whoever writes them. See docs/architecture.md,
@@ -31,6 +32,7 @@ class Staging:
     def __init__(self) -> None:
         self._dirs: dict[Path, Path] = {}      # destination folder -> its staging folder
         self._files: dict[Path, Path] = {}     # destination -> staged path, in staging order
+        self._retired: dict[Path, list[Path]] = {}  # destination -> files removed once it is published
 
     def path(self, dest: str | os.PathLike) -> Path:
         """Where to write ``dest`` until it is published (the same file name, in a staging folder)."""
@@ -58,6 +60,12 @@ class Staging:
             os.fsync(f.fileno())
         return staged
 
+    def retire(self, dest: str | os.PathLike, old: str | os.PathLike) -> None:
+        """Remove ``old`` once ``dest`` is published: a file the destination's old version used and its
+        new version does not (a model's former external data). Not removed if ``dest`` never is, nor
+        if ``old`` is itself published by this staging."""
+        self._retired.setdefault(_destination(dest), []).append(Path(os.path.abspath(old)))
+
     def publish(self, only: Iterable[str | os.PathLike] | None = None) -> list[Path]:
         """Rename the staged files (all, or the destinations in ``only``) into place, in staging order.
 
@@ -75,8 +83,24 @@ class Staging:
                 except OSError as exc:  # name the destination, not the hidden staged file no user knows
                     raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from None
                 done.append(dest)
+                self._remove_retired(dest)
             del self._files[dest]
         return done
+
+    def _remove_retired(self, dest: Path) -> None:
+        """After ``dest`` is in place (its readers already read the new version): its retired files."""
+        for old in self._retired.pop(dest, []):
+            if old in self._files or _destination(old) in self._files:
+                continue  # written anew by this staging
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # the new file is in place: a leftover is worth a warning, not a failure
+                import warnings
+
+                warnings.warn(f"{old}: no longer used by {dest.name}, but could not be removed: "
+                              f"{exc.strerror or exc}", stacklevel=2)
 
     def discard(self) -> None:
         """Remove every staging folder and what is still in it."""
@@ -84,6 +108,7 @@ class Staging:
             shutil.rmtree(folder, ignore_errors=True)
         self._dirs.clear()
         self._files.clear()
+        self._retired.clear()
 
     def __enter__(self) -> "Staging":
         return self

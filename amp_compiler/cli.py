@@ -244,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
     options = _rule_options(args)
     from .fallback import convert_with_fallback  # the heavy modules, once the options are known good
     from .onnx_api import convert_onnx
-    from .onnx_io.files import check_output_path, input_files, load_model
+    from .onnx_io.files import check_output_path, load_model_files
 
     out = check_output_path(args.output, [args.input]) if args.output and not args.dry_run else None
     for report_path in args.report:
@@ -257,10 +257,11 @@ def _run(args: argparse.Namespace) -> int:
     # memory whole); only what runs the models from memory (a dry run with --validate,
     # --calibrate, --fallback, the reference runtime) loads it.
     in_memory = (args.dry_run and args.validate) or args.calibrate or args.fallback or args.runtime == "reference"
-    original = load_model(args.input, external_data="load" if in_memory else "lazy")
+    # the files it was read from, named before a load into memory clears the model's references to them
+    original, args.read_from = load_model_files(args.input, external_data="load" if in_memory else "lazy")
     base_dir = Path(args.input).resolve().parent
     if out is not None:  # nor may its .data file be one the input reads from
-        check_output_path(out, input_files(original, args.input))
+        check_output_path(out, args.read_from)
     feeds = _feeds(args, original) if (args.validate or args.fallback or args.calibrate) else None
     convert = functools.partial(convert_onnx, original, dtype=args.dtype, **options,
                                 keep_io_types=args.keep_io_types, allow=args.allow, deny=args.deny,
@@ -293,7 +294,7 @@ def _write_checked(args, result, original, out, feeds, progress) -> int:
         staged = None
         if out is not None:
             progress(f"write {out}")
-            result.save(out, protect=[args.input], staging=staging)
+            result.save(out, protect=[args.input, *args.read_from], staging=staging)
             staged = staging.path(out)
         status = 0
         if args.validate or args.fallback:

@@ -235,3 +235,54 @@ def test_a_model_already_in_bf16_is_counted_as_bf16_in_the_summary(tmp_path):
     assert lows and report.summary["dtype"] == "float16"
     nodes_line = next(line for line in str(report).splitlines() if line.strip().startswith("nodes"))
     assert f"{len(lows)} BF16" in nodes_line and "FP16" not in nodes_line
+
+
+def _mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_output_rewritten_in_one_file_takes_its_former_data_file_with_it(tmp_path):
+    """``-o out.onnx`` over an earlier output with external data, now written in one file, had left
+    ``out.onnx.data`` beside it: stale, as large as the old weights, and read by nothing. It goes once
+    the new model is in place; not before (a failed validation leaves the old pair), and not a
+    ``.data`` file the old output did not read (not ours)."""
+    import onnxruntime as ort
+
+    external, inline = tmp_path / "ext" / "m.onnx", tmp_path / "m.onnx"
+    external.parent.mkdir()
+    onnx.save(_mlp(), external, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(_mlp(), inline)
+    out, data = tmp_path / "out.onnx", tmp_path / "out.onnx.data"
+    assert main([str(external), "-o", str(out), "--planner", "all", "-q"]) == 0
+    assert data.is_file() and data.stat().st_size == 64 * 64 * 2  # external data in, external data out
+    before = (out.read_bytes(), data.read_bytes())
+    assert main([str(inline), "-o", str(out), "--planner", "all", "--validate", "--tolerance", "1e-12", "-q"]) == 1
+    assert (out.read_bytes(), data.read_bytes()) == before  # nothing published: the old pair still holds
+    assert main([str(inline), "-o", str(out), "--planner", "all", "-q"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ext", "m.onnx", "out.onnx"]
+    assert [t.data_location for t in onnx.load(out, load_external_data=False).graph.initializer] == [0]
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    data.write_bytes(b"the user's own")  # beside a one-file output that does not read it
+    assert main([str(inline), "-o", str(out), "--planner", "all", "-q"]) == 0
+    assert data.read_bytes() == b"the user's own"
+    assert sorted(p.name for p in external.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def test_a_data_file_the_input_reads_is_protected_when_the_input_is_loaded_into_memory(tmp_path, capsys):
+    """``--calibrate`` (and ``--fallback``) load the input's external data into memory, which clears
+    the model's references to its files; the output's ``.data`` file was then checked against the
+    input file alone, and an input reading ``out.onnx.data`` had that file replaced by the output's
+    weights (then removed, were the output written in one file over an earlier one reading it)."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_mlp(), src, save_as_external_data=True, location="out.onnx.data", size_threshold=0)
+    data = tmp_path / "out.onnx.data"
+    before = data.read_bytes()
+    status = main([str(src), "-o", str(tmp_path / "out.onnx"), "--calibrate", "-q"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "out.onnx.data would overwrite an input file" in err, err
+    assert data.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx.data"]

@@ -7,7 +7,9 @@ streamed into it one tensor at a time, in chunks -- lazily loaded tensors are co
 file to file, deferred casts are cast chunk by chunk -- and the ``.onnx`` file is
 written from a skeleton copy that holds no tensor data. Files go through
 ``atomic.Staging``: nothing is in place until everything is written (and, in the
-CLI, checked). docs/architecture.md, "Input handling".
+CLI, checked). A model written in one file over an output that read ``<output>.data`` removes that
+file once the new model is in place (it would be left stale beside it); a data file of another name
+is left alone. docs/architecture.md, "Input handling".
 """
 
 from __future__ import annotations
@@ -78,7 +80,10 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
                                         "data")
     own = staging is None
     staging = Staging() if own else staging
+    former = None if external else _former_data(out, data_path)
     try:
+        if former is not None:  # the file replaced read it, the new one will not: gone once the new one is in place
+            staging.retire(out, former)
         if external:
             # beside the staged .onnx (relative location), staged first: published before the .onnx reads it
             staged_data = staging.path(Path(os.path.abspath(out)).parent / data_path.name)
@@ -102,6 +107,26 @@ def save_model(model: ModelProto, out: str | os.PathLike, *, external: bool | No
         if own:
             staging.discard()
     return out
+
+
+def _former_data(out: Path, data_path: Path) -> Path | None:
+    """``data_path`` (``<output>.data``, the name this writer gives external data) where the model being
+    replaced at ``out`` reads from it: a new output written in one file would leave it beside it, stale
+    (and as large as the old weights). None where there is no such file, or the old output does not read it
+    (then it is not ours to remove), or is not a model that parses."""
+    target = out.resolve()
+    if not data_path.is_file() or not target.is_file():
+        return None
+    try:
+        old = onnx.load(str(target), load_external_data=False)
+    except Exception:  # noqa: BLE001  not a model we can read: nothing beside it is ours to remove
+        return None
+    for tensor in iter_tensors(old):
+        if is_external(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if location and (target.parent / location).resolve() == data_path:
+                return data_path
+    return None
 
 
 def _survey(model: ModelProto, base: Path | None) -> tuple[int, set[Path], set[Path]]:
