@@ -23,9 +23,10 @@ Rewrite cases:
    no tensor-core op in reach stay FP32: converting them buys nothing.
 6. With ``planner="all"`` every remaining op is eligible, connected to a tensor-core
    op or not (the "everything in the low dtype" plan), but for a group of constant ops alone
-   (``Constant``, ``ConstantOfShape``) and a group of clear ops that reads no graph input (a
-   training step's ``detach`` of its loss): their readers all stay FP32 and they compute nothing,
-   so they would only be rounded.
+   (``Constant``, ``ConstantOfShape``), a group of clear ops that reads no graph input (a
+   training step's ``detach`` of its loss), and a group of views alone (``Identity``, ``Reshape``,
+   ...) that reads graph inputs kept FP32 (``keep_io_types``: an input passed to a graph output):
+   their readers all stay FP32 and they compute nothing, so they would only be rounded.
 
 The convert pass chooses inside the eligible region. Outside it, ops that are
 unsafe in the low dtype (cases 1, 3 and 4) run in FP32; ops merely out of reach keep the
@@ -42,6 +43,7 @@ from collections import deque
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
+from amp_compiler.report_memory import is_view
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
 from .numerics_chains import BOUNDED, normalisations
@@ -51,7 +53,7 @@ AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master wei
 NOT_CONNECTED = "not connected to a tensor-core op through infer/clear ops"
 #: ops whose output is a constant: alone in a group they are not planned low, even under planner="all"
 _CONSTANTS = frozenset({"constant", "constant_of_shape"})
-MOVES_ONLY = ("planner 'all' leaves FP32 a group of data-movement ops between FP32 ops: it computes "
+MOVES_ONLY = ("planner 'all' leaves FP32 a group of data-movement ops between FP32 values: it computes "
               "nothing, and in the low dtype it would only round")
 OTHER_DTYPE = "keeps its source dtype: only FP32 and low-precision ops are planned"
 ALREADY_LOW = "already in the low dtype in the source model"
@@ -126,7 +128,7 @@ class PropagatePass(Pass):
         seeded = {find(n) for n in candidates if graph.ops[n].op_class == ALLOW or n in forced}
         moves_only = set()
         if ctx.planner == "all":
-            moves_only = _groups_only_moving_fp32_data(graph, candidates, find)
+            moves_only = _groups_only_moving_fp32_data(graph, candidates, find, ctx)
             seeded |= {find(n) for n in candidates
                        if graph.ops[n].canonical not in _CONSTANTS and find(n) not in moves_only}
         eligible = 0
@@ -148,13 +150,23 @@ class PropagatePass(Pass):
         return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
 
 
-def _groups_only_moving_fp32_data(graph: PrecisionGraph, candidates: list[str], find) -> set[str]:
+def _groups_only_moving_fp32_data(graph: PrecisionGraph, candidates: list[str], find, ctx: PlanContext) -> set[str]:
     """Roots of the groups of clear ops (data movement: reshape, transpose, an aliasing detach) that
     read no graph input: they sit between FP32 ops, compute nothing, and in the low dtype would only
-    round what they carry (a training step's returned loss to 8 bits under BF16)."""
+    round what they carry (a training step's returned loss to 8 bits under BF16). Also the groups of
+    views alone (the registry's ``traffic: alias``: Identity, Reshape, Squeeze, ...) whose graph
+    inputs stay FP32 (``keep_io_types``): a graph input passed through an Identity to a graph output
+    had been cast to FP16 and back, its value rounded for no kernel at all. Other data movement
+    reading a graph input (a lone Transpose, Gather, Where) stays eligible: the conformance suite's
+    single-op models still run their FP16 kernels."""
     computing = {find(n) for n in candidates if graph.ops[n].op_class != CLEAR}
     inputs = set(graph.inputs)
     reads_input = {find(n) for n in candidates if any(i in inputs for i in graph.ops[n].inputs if i)}
+    if ctx.keep_io_types or not graph.inputs_retypable:  # graph inputs keep their dtype
+        moving = {find(n) for n in candidates if not is_view(graph.ops[n].canonical)}
+        low_input = {find(n) for n in candidates
+                     if any(i in inputs and graph.tensors[i].dtype != FLOAT32 for i in graph.ops[n].inputs if i)}
+        reads_input &= moving | low_input  # views alone of FP32 graph inputs: as if they read none
     return {find(n) for n in candidates} - computing - reads_input
 
 

@@ -510,3 +510,32 @@ def test_planner_all_leaves_constants_that_only_fp32_ops_read_exact():
             assert ops["box_head"].precision == ops["sigmoid"].precision == "float16"  # the rest is all-FP16
         assert ops["iou"].precision == ops["threshold"].precision == "float32"
         assert not [op for op in ops.values() if op.op_type == "Cast" and set(op.inputs) & {"iou", "threshold"}]
+
+
+def test_planner_all_passes_a_graph_input_to_a_graph_output_through_views_in_fp32():
+    """``planner="all"``, keep_io_types: a graph input read by a MatMul and also returned, as it is
+    (``x``) and through views alone (Identity, Reshape), had its view chain cast to FP16 and back:
+    the returned values rounded for no kernel at all. Views of FP32 graph inputs stay FP32 now, bit
+    for bit; a lone Transpose of an input still runs its FP16 kernel (the conformance suite's
+    single-op models), and the cost-based planners, which never lowered the chain, are unchanged."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [16, 32])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+             helper.make_node("Identity", ["x"], ["xi"], name="id"),
+             helper.make_node("Reshape", ["xi", "shape"], ["xr"], name="reshape"),
+             helper.make_node("Transpose", ["x"], ["xt"], name="transpose")]
+    m = model(nodes, [fin("x", 8, 64)], [fin("y", 8, 64), fin("x", 8, 64), fin("xr", 16, 32), fin("xt", 64, 8)],
+              [weight("W", 64, 64), shape])
+    x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32) * 3
+    for planner in ("all", "optimal", "greedy"):
+        out, report = convert_onnx(m, planner=planner)
+        precision = {o["name"]: o["precision"] for o in report.ops}
+        assert precision["id"] == precision["reshape"] == "float32", (planner, precision)
+        (ident,), (reshape,) = nodes_of(out, "Identity"), nodes_of(out, "Reshape")
+        assert (ident.input[0], reshape.input[0], reshape.output[0]) == ("x", ident.output[0], "xr"), planner  # no casts
+        y, x_out, xr, xt = run(out, {"x": x})
+        assert np.array_equal(x_out, x) and np.array_equal(xr, x.reshape(16, 32)), planner  # not rounded
+        assert elem_type(out, "xr") == TensorProto.FLOAT
+        if planner == "all":
+            assert precision["mm"] == precision["transpose"] == "float16"
+            assert "planner 'all' leaves FP32" in next(o["reason"] for o in report.ops if o["name"] == "id")
+            assert not np.array_equal(xt, x.T)  # the Transpose did run in FP16: the rounding is visible
