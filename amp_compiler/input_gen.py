@@ -15,6 +15,10 @@ called (``docs/architecture.md``, "Validation inputs"):
 * integers a ``Loop`` reads as its trip count: 8 iterations;
 * other floats N(0, 1), other integers in {0, 1}.
 
+BF16 inputs are drawn the same way in FP32 and rounded to BF16 (``ml_dtypes.bfloat16`` arrays:
+``validate.run_model`` hands them to ONNX Runtime as BF16 tensors, or as FP32 where the model it
+runs emulates BF16).
+
 Symbolic dims take their ``--dim`` size (``dims``), else the one size the graph allows them
 (``onnx_io.pinned_dims``: an export specialised to batch 1), else ``default_dim``, except the
 samples of a raw waveform (a rank-2 audio input): one second at 16 kHz, as a few samples are
@@ -26,6 +30,7 @@ shorter than the first convolution of any speech encoder; and the height and wid
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from typing import Iterator
 
@@ -38,9 +43,10 @@ from .onnx_io.derived_dims import derived_sizes, relations_of_model
 __all__ = ["graph_input_specs", "image_dims", "model_inputs", "natural_dims", "waveform_dims"]
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
-       TensorProto.BFLOAT16: None, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
+       TensorProto.BFLOAT16: ml_dtypes.bfloat16, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
        TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_,
        TensorProto.INT16: np.int16}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 _AUDIO = ("audio", "input_values", "wav", "input_features")
 _WAVEFORM = ("audio", "input_values", "wav")
@@ -174,7 +180,11 @@ def model_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
             feeds[name] = np.full(shape, _TRIP_COUNT, dtype)
             how[name] = f"{_TRIP_COUNT} iterations of Loop {loops[name]} (pass --inputs for the counts you run)"
             continue
-        feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
+        if dtype == _BF16:  # numpy does not count it a floating type: drawn in FP32, then rounded
+            value, how[name] = _draw(rng, name.lower(), shape, np.float32, rows.get(name))
+            feeds[name], how[name] = value.astype(_BF16), how[name] + ", rounded to BF16"
+        else:
+            feeds[name], how[name] = _draw(rng, name.lower(), shape, dtype, rows.get(name))
         symbolic = dict(_symbolic_dims(model, name))
         pinned = [pins[d].describe() if d in pins else derived[d].describe(shape[i])
                   for d, i in symbolic.items() if d in pins or d in derived]

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import ModelProto
@@ -27,8 +28,8 @@ def random_inputs(model: ModelProto, *, seed: int = 0, default_dim: int = 2,
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, shape, dtype in graph_input_specs(model, default_dim):
-        if np.issubdtype(dtype, np.floating):
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        if np.issubdtype(dtype, np.floating) or dtype == _BF16:
+            feeds[name] = rng.standard_normal(shape).astype(np.float32).astype(dtype)
         elif dtype is np.bool_:
             feeds[name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:
@@ -49,6 +50,11 @@ def load_inputs(path: str | Path, model: ModelProto | None = None) -> dict[str, 
         if missing:
             raise ConversionError(str(path), f"graph input {missing[0]!r}",
                                   f"has no array in the file (arrays: {', '.join(sorted(feeds)) or 'none'})")
+        for i in model.graph.input:  # numpy.savez writes a bfloat16 array as raw 2-byte records ('|V2')
+            value = feeds.get(i.name)
+            if i.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 and isinstance(value, np.ndarray) \
+                    and value.dtype == np.dtype("V2"):
+                feeds[i.name] = value.view(_BF16)
     return feeds
 
 
@@ -112,11 +118,36 @@ def run_model(model: ModelProto | str, feeds: dict[str, np.ndarray], providers=N
         if emulated is not None:
             (model, data_dir), fusions_off = emulated, FUSIONS_OFF
     sess = load_session(model, providers, label=label, data_dir=data_dir, disabled=fusions_off)
-    names = {i.name for i in sess.get_inputs()}
+    declared = {i.name: i.type for i in sess.get_inputs()}
     try:
-        return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+        return sess.run(None, {k: _fed(v, declared[k]) for k, v in feeds.items() if k in declared})
     except Exception as exc:
         raise ConversionError(label, "ONNX Runtime", _ort_detail(exc, providers)) from None
+
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+#: ONNX Runtime's names of the float input types a BF16 array is widened to (an emulated model's inputs)
+_WIDER = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def _fed(value, declared: str):
+    """``value`` as ONNX Runtime takes it for an input of type ``declared``: numpy has no BF16 type
+    ORT knows, so a BF16 input gets a BF16 ``OrtValue`` of the array's bits (a float array is rounded
+    to BF16 first), and a BF16 array fed to a float input (the input of a model whose BF16 storage
+    is emulated, ``onnx_io/bf16_emulation.py``) is widened to it. The feeds had been refused for BF16
+    inputs ("Numpy_type 256 can't be converted to MLDataType")."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if declared == "tensor(bfloat16)":
+        if value.dtype != _BF16:
+            if not np.issubdtype(value.dtype, np.floating):
+                return value  # ONNX Runtime names the mismatch
+            value = value.astype(_BF16)
+        bits = np.ascontiguousarray(value).view(np.uint16)
+        return onnxruntime().OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
+    if value.dtype == _BF16 and declared in _WIDER:
+        return value.astype(_WIDER[declared])
+    return value
 
 
 def load_session(model: ModelProto | str, providers: list[str], *, label: str = "model", data_dir: str | None = None,
@@ -266,8 +297,12 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
     graph = _graph_only(original)
     names = [o.name for o in graph.graph.output]
     probed = _probed_pair(original, converted, runner) if low == "float16" else None
-    emulated = low == "bfloat16" and runner is run_model and declares_bf16(converted)  # no BF16 kernels on CPU
+    # no BF16 kernels on ONNX Runtime's CPU provider: a model storing BF16 values (a --dtype bf16 plan, or a
+    # source with BF16 inputs, which an FP16 plan leaves BF16) runs emulated, a file as a proto is
+    source_bf16 = runner is run_model and declares_bf16(graph)
+    emulated = runner is run_model and (source_bf16 or declares_bf16(converted))
     converted_runner = functools.partial(run_model, bf16_file=True) if emulated else runner
+    source_runner = functools.partial(run_model, bf16_file=True) if source_bf16 else runner
     outputs, overflows = [], []
     variants = branch_feeds(graph, feeds)
     for label, variant in variants:
@@ -278,7 +313,7 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
                                                      fp32_runner, low_runner)
                 overflows += [{**row, "name": row["name"] + label} for row in rows]
             else:
-                expected = runner(original, variant, label=_FP32)
+                expected = source_runner(original, variant, label=_FP32)
                 actual = converted_runner(converted, _as_declared(converted, variant), label="the converted model")
         except ConversionError as exc:
             if not fp32_run_refused(exc):
@@ -287,11 +322,11 @@ def validate(original: ModelProto | str, converted: ModelProto | str, feeds: dic
                                  source or (original if isinstance(original, str) else "")) from None
         outputs += [{**row, "name": row["name"] + label}
                     for row in compare_outputs(names, expected, actual, low)]
-    if probed is not None and runner is run_model:
+    if probed is not None and runner is run_model and not emulated:  # a BF16 model loads on CPU emulated only
         _loads_as_is(original, converted)
     failing = {o["name"] for o in outputs if not o["max_rel_error"] <= tolerance}
     if failing and len(variants) == 1:
-        notes = undetermined_selections(original, failing, feeds, tolerance, runner)
+        notes = undetermined_selections(original, failing, feeds, tolerance, source_runner)
         for row in outputs:
             if row["name"] in notes:
                 row["note"], row["counted"] = notes[row["name"]], False

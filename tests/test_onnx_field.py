@@ -26,9 +26,10 @@ def _bf16_model(input_dtype: int) -> onnx.ModelProto:
 
 
 def test_model_errors_raised_without_a_file_name_it(tmp_path, capsys):
-    """Inputs that cannot be drawn for a BF16 graph input, and ONNX Runtime refusing "the converted
-    model", had printed no file at all; the line now starts with the input's path."""
-    for case, dtype, extra in (("drawn", TensorProto.BFLOAT16, []), ("ort", TensorProto.FLOAT, ["--inputs", "x.npz"])):
+    """Inputs that cannot be drawn for a graph input (a UINT32 one; BF16 had been the case until BF16
+    inputs were drawn), and ONNX Runtime refusing "the converted model", had printed no file at all;
+    the line now starts with the input's path."""
+    for case, dtype, extra in (("drawn", TensorProto.UINT32, []), ("ort", TensorProto.FLOAT, ["--inputs", "x.npz"])):
         path = tmp_path / f"{case}.onnx"
         onnx.save(_bf16_model(dtype), path)
         np.savez(tmp_path / "x.npz", x=np.ones((2, 16), np.float32))

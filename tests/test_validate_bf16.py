@@ -193,3 +193,45 @@ def test_the_emulation_names_nothing_the_model_already_names():
     y, passed_through = run_model(m, {"x": x, "c": np.array(True)})
     np.testing.assert_array_equal(y, _bf16(_bf16(x) * 2))
     np.testing.assert_array_equal(passed_through, x)
+
+
+def test_bf16_graph_inputs_are_drawn_and_validated(tmp_path, capsys):
+    """A model whose inputs are BF16 (a ``--dtype bf16 --no-keep-io-types`` output fed back in, or an
+    export in BF16) failed ``--validate``, ``--calibrate`` and ``--fallback`` at once: "cannot generate
+    data of type BFLOAT16", and ``--inputs`` could not help (numpy has no BF16 ONNX Runtime takes, and
+    the source file was run without emulation). BF16 inputs are drawn as FP32 ones are, rounded to BF16;
+    ONNX Runtime gets them as BF16 tensors, or widened where the model it runs emulates BF16."""
+    from amp_compiler.input_gen import model_inputs
+    from amp_compiler.validate import validate
+
+    mk = helper.make_node
+    fp32 = model([mk("MatMul", ["x", "w"], ["h"], name="mm"), mk("Relu", ["h"], ["y"], name="relu")],
+                 [fin("x", 64, 256)], [fin("y", 64, 256)], [weight("w", 256, 256)])
+    src, bf, out, rep = tmp_path / "m.onnx", tmp_path / "bf.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save(fp32, src)
+    assert main([str(src), "-o", str(bf), "--dtype", "bf16", "--no-keep-io-types", "--planner", "all", "-q"]) == 0
+    assert [i.type.tensor_type.elem_type for i in onnx.load(bf).graph.input] == [BF16]
+    feeds, how = model_inputs(onnx.load(bf))
+    assert feeds["x"].dtype == ml_dtypes.bfloat16 and how["x"] == "N(0, 1), rounded to BF16"
+    assert 0.5 < float(np.std(feeds["x"].astype(np.float32))) < 1.5  # drawn as floats, not integers in {0, 1}
+    # the converted file fed back in, each way validation runs a model
+    for extra in ([], ["--dtype", "bf16"], ["--calibrate"], ["--fallback"]):
+        assert main([str(bf), "-o", str(out), "--validate", "--report", str(rep), "-q", *extra]) == 0, extra
+        data = json.loads(rep.read_text())
+        assert data["validation"]["passed"] and "emulated" in data["validation"]["emulation"], extra
+        assert data["summary"]["inputs_drawn"]["x"].endswith("rounded to BF16"), extra
+    # a BF16 input computed in FP32 behind a Cast: an FP16 plan of it, with the error it really has
+    widened = model([mk("Cast", ["x"], ["xf"], name="up", to=TensorProto.FLOAT), mk("MatMul", ["xf", "w"], ["y"], name="mm")],
+                    [fin("x", 64, 256, dtype=BF16)], [fin("y", 64, 256)], [weight("w", 256, 256)])
+    onnx.save(widened, src)
+    assert main([str(src), "-o", str(out), "--validate", "--report", str(rep), "-q"]) == 0
+    validation = json.loads(rep.read_text())["validation"]
+    assert validation["passed"] and 0 < validation["max_rel_error"] < 1e-2  # FP16's rounding: it did compare
+    # a file of BF16 inputs (numpy.savez writes them as raw 2-byte records) and an FP32 one alike
+    x = feeds["x"]
+    for name, array in (("b.npz", x), ("f.npz", x.astype(np.float32))):
+        np.savez(tmp_path / name, x=array)
+        assert main([str(src), "-o", str(out), "--validate", "--inputs", str(tmp_path / name), "-q"]) == 0, name
+    same = validate(str(src), str(out), {"x": x}, low="float16")
+    assert same["max_rel_error"] == validation["max_rel_error"]  # the drawn feeds, given again
+    assert capsys.readouterr().err == ""
