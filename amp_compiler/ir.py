@@ -160,6 +160,8 @@ class PrecisionGraph:
         #: subgraph boundaries: scope -> (owner op name, formal input names, output names)
         self.scopes: dict[str, tuple[str, list[str], list[str]]] = {}
         self.opsets: dict[str, int] = {}  # ONNX: domain -> opset version of the source model
+        #: ONNX: Loop op name -> its trip count, where the file gives it as a constant (``onnx_io/trip_counts.py``)
+        self.trip_counts: dict[str, int] = {}
         #: whether a plan may change a graph input's dtype (``keep_io_types=False``): an ONNX file
         #: declares its inputs' types, so yes; a torch graph runs on the caller's tensors as they
         #: come, so no: they are cast inside the graph (docs/architecture.md, "Capture routes and shapes")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from cost_model.repeats import body_runs_note
 from passes.explain import declared_by
 
 from . import __version__
@@ -69,6 +70,7 @@ def build_report(result: PlanResult) -> Report:
         **_saturated(result),
         **_nothing_to_do(result),
         **_guessed_gemm_sizes(graph, tensor_core, gemm_flops),
+        **_body_runs(graph),
     }
     data = {
         "schema_version": SCHEMA_VERSION,
@@ -159,6 +161,12 @@ def _raised_from_low(graph: PrecisionGraph, ops: list, low: int, raised: list) -
     casts = sum(op.inserted and op.op_type == "Cast" for op in graph.ops.values())
     return (f"source already {_low_name(ops)}: {low - len(raised)} ops left as they were, {len(raised)} moved to FP32 "
             f"by a rule with {casts} casts ({said})")
+
+
+def _body_runs(graph: PrecisionGraph) -> dict[str, Any]:
+    """``body_runs``: how many times the predicted times count each Loop/Scan body, where there is one."""
+    note = body_runs_note(graph) if graph.scopes else ""
+    return {"body_runs": note} if note else {}
 
 
 def _guessed_gemm_sizes(graph: PrecisionGraph, tensor_core: list[dict], gemm_flops: float) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .dtypes import UNKNOWN_ITEMSIZE, itemsize
 from .flops import alignment_dims, misaligned, op_flops
 from .fusion import form_groups, op_kind
+from .repeats import scope_repeats
 from .roofline import Roofline
 from .runtime import get_runtime
 from .traffic import ALIAS, ALL, op_bytes_each
@@ -57,6 +58,9 @@ class OpTimer:
         self._align_dims: dict[str, dict[str, int]] = {}
         self._out_bytes: dict[str, dict[str, float]] = {}
         self._by_signature: dict[tuple, _Priced] = {}  # see ``costs``
+        #: scope -> how many times a run runs it (a Loop body its trip count): its ops and casts cost that
+        #: many times over (``cost_model/repeats.py``)
+        self.repeats = scope_repeats(graph)
         self._priced_of: dict[str, _Priced] = {}  # op name -> its signature's numbers (``costs``)
 
     def _row(self, op: Op):
@@ -199,7 +203,7 @@ class OpTimer:
         group_of = groups.group_of
         mine = group_of.get(op.name, -2)  # ``groups.same_group(producer, op)``, the op's side looked up once
         key: list = [op.canonical, op.tensor_core, op.name in self._leaders, attrs,
-                     tuple(op.input_roles), tuple(op.output_roles)]
+                     tuple(op.input_roles), tuple(op.output_roles), self.repeats.get(op.scope, 1)]
         for names, n_roles, read in ((op.inputs, len(op.input_roles), True),
                                      (op.outputs, len(op.output_roles), False)):
             key.append(len(names))
@@ -233,6 +237,10 @@ class OpTimer:
         return shared if shared is not None else _memo(self._times, op, dtype, self._time)
 
     def _time(self, op: Op, dtype: str) -> float:
+        once = self._time_once(op, dtype)
+        return once * self.repeats[op.scope] if op.scope in self.repeats else once
+
+    def _time_once(self, op: Op, dtype: str) -> float:
         norm = self.groups.norms.get(self.groups.group_of.get(op.name, -1))
         if norm is not None:
             return self._norm_time(norm, dtype) if op.name == norm.scale_mul else 0.0
@@ -289,11 +297,12 @@ class OpTimer:
         traffic = self._traffic(t, src, dst)
         if self.groups.group_of.get(op.name, -1) in self.groups.norms:
             return 0.0  # folded into the fused RMSNorm
+        runs = self.repeats.get(op.scope, 1)
         if not self.runtime.fuse_casts:
-            return traffic + self.launch
+            return (traffic + self.launch) * runs
         out = self.graph.tensors[op.outputs[0]]
         inside = self.groups.same_group(t.producer, op.name) and self.internal(out)
-        return 0.0 if inside else traffic
+        return 0.0 if inside else traffic * runs
 
     def cast_time(self, t: Tensor, low: str) -> float:
         """What converting ``t`` between FP32 and ``low`` costs on the runtime: nothing inside a
@@ -315,6 +324,8 @@ class OpTimer:
                 cached = 2 * (traffic + self.launch)
             else:
                 cached = traffic + self.launch
+            if t.scope in self.repeats:  # a cast runs where its value is made (``passes/casts.py``)
+                cached *= self.repeats[t.scope]
             self._cast_costs[key] = cached
         return cached
 

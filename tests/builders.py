@@ -180,7 +180,9 @@ def state_loop(body_nodes: list, body_initializers: list, trips: int, outer: lis
 
 def growing_loop(trips: int = 4, head_weight: str = "W") -> onnx.ModelProto:
     """A Loop whose state grows about 32x per iteration (4 iterations reach ~1e6) through a GEMM
-    and a scale in its body, then a GEMM on the final state (by the body's weight ``W``, or another)."""
+    and a scale in its body, then a GEMM on the final state (by the body's weight ``W``, or another).
+    Too small for the cost model to convert its body (each iteration's casts cost more than its GEMM
+    saves, ``cost_model/repeats.py``): tests of what an FP16 body does plan it with ``planner="all"``."""
     body = [helper.make_node("MatMul", ["s_in", "W"], ["mm"], name="body_mm"),
             helper.make_node("Mul", ["mm", "k"], ["s_out"], name="body_scale")]
     weights = [weight(name, 64, 64, scale=0.5) for name in dict.fromkeys(["W", head_weight])]

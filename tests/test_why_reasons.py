@@ -72,7 +72,8 @@ def test_casts_only_at_a_loops_boundaries_advise_no_io_option():
 def test_casts_at_a_loop_body_boundary_say_so_not_keep_io_types(keep_io_types):
     """Under --no-keep-io-types the cast of the body's input had said "graph input keeps its dtype
     (keep_io_types)"."""
-    report = convert_onnx(_loop(around=False), keep_io_types=keep_io_types)[1]
+    # planner 'all': three iterations of a 64-wide GEMM do not pay for their casts by cost
+    report = convert_onnx(_loop(around=False), keep_io_types=keep_io_types, planner="all")[1]
     reasons = {c["tensor"]: c["reason"] for c in report.casts}
     assert reasons["x_in"].startswith("subgraph input keeps its declared type (Loop loop0)"), reasons
     assert any(r.startswith("subgraph output keeps its declared type (Loop loop0)") for r in reasons.values()), reasons

@@ -30,6 +30,7 @@ from .tensors import iter_chunks
 from .schemas import port_groups
 from .structure import node_rows
 from .inference import tensor_type
+from .trip_counts import loop_trip_counts
 from .untyped import type_untyped
 from .validation import infer_types, validate_model
 
@@ -84,6 +85,7 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
                      raw=raw)
     _import_graph(imp, model.graph, "", types, _OpKinds(registry, opsets), source, rows or None)
     type_untyped(graph)  # behind ops onnx has no schema for (com.microsoft), "Input handling"
+    graph.trip_counts = loop_trip_counts(imp) if len(imp.graphs) > 1 else {}  # what the cost model repeats
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
     return imp

@@ -79,7 +79,8 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     said = [s.get("nothing_to_do"), s.get("raised_from_low"), s.get("merged_duplicates"), s.get("exported_in_training"),
             s.get("cpu_layout_ops"), s.get("guessed_gemm_sizes"),
             *(s.get("fp32_tensor_core_why") or "").splitlines(),
-            f"near tie: {s['near_tie']}" if s.get("near_tie") else None]
+            f"near tie: {s['near_tie']}" if s.get("near_tie") else None,
+            f"Loop and Scan {s['body_runs']}" if s.get("body_runs") else None]
     parts += [f'<p class="warn">{e(line)}</p>' for line in said if line]
 
     # per-class breakdown

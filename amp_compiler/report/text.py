@@ -74,6 +74,8 @@ def render_text(report, max_rows: int | None = 60) -> str:
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
     rows.append(("speed-up", f"{fmt_speedup(vs_fp32)} vs FP32 · "
                              f"{fmt_speedup(vs_fp16)} of all-{red_label}"))
+    if s.get("body_runs"):  # how many iterations of each Loop/Scan body the times count (cost_model/repeats.py)
+        rows.append(("loop bodies", clean(s["body_runs"])))
     if s.get("near_tie"):  # the plan is predicted slower than FP32: say it is the objective's tie
         rows.append(("near tie", clean(s["near_tie"])))
     unknown = s.get("unknown_ops")
