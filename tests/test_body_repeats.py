@@ -113,3 +113,35 @@ def test_the_report_says_how_many_times_each_body_was_priced(tmp_path):
     assert "loop0 ×8 (not fixed in the model: sized --default-dim)" in convert_onnx(m)[1].summary["body_runs"]
     assert "body_runs" not in convert_onnx(model([helper.make_node("MatMul", ["x", "W"], ["y"])], [fin("x", 4, 64)],
                                                  [fin("y", 4, 64)], [weight("W", 64, 64)]))[1].summary
+
+
+def _gemm_loop(rows: int, d: int, trips: int):
+    """``x`` [rows, d] through ``trips`` iterations of ``s = (s @ W) * 0.5``, then a GEMM head."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["s_in", "W"], ["mm"], name="body_mm"),
+         helper.make_node("Mul", ["mm", "half"], ["s_out"], name="body_scale"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
+        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", rows, d)],
+        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", rows, d)],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["s_final"], name="loop0", body=body),
+             helper.make_node("MatMul", ["s_final", "W"], ["y"], name="head")]
+    return model(nodes, [fin("x", rows, d)], [fin("y", rows, d)],
+                 [weight("W", d, d), numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+                  numpy_helper.from_array(np.array(True), "cond")])
+
+
+@pytest.mark.parametrize("trips", [1, 4, 32])
+def test_a_body_converts_by_default_where_each_iteration_pays_for_its_casts(trips):
+    """Default options: a 64-wide body's GEMM saves less than its two casts cost per iteration and stays
+    FP32 from 4 iterations on; a 1024-wide one over 512 rows saves more and converts at every count (at
+    one iteration within the launch floor of a near-tie; from 4 on predicted faster than FP32)."""
+    def planned(rows, d):
+        result = plan_result(_gemm_loop(rows, d, trips))
+        precision = result.graph.ops["loop0.body/body_mm"].precision
+        return precision, result.costs.prediction.mixed_s / result.costs.prediction.fp32_s
+
+    small, _ = planned(4, 64)
+    assert trips == 1 or small == "float32"
+    large, ratio = planned(512, 1024)
+    assert large == "float16" and (trips == 1 or ratio < 0.9)
