@@ -11,7 +11,10 @@ overflow FP16 (``overflow.py``: the CPU runtime computes them in FP32, so their 
 invisible there) are moved first, all of them at once. A ``Loop``/``Scan`` body cannot be exposed,
 so such a node with low-precision ops inside is measured as one op, and moving it moves them all
 (``low_bodies``). An ``If`` is not: a merged decoder holds the whole model in its branches, which
-would all move at once.
+would all move at once. Where the feeds set its condition (a merged decoder's ``use_cache_branch``),
+the branch each way of it takes is written into the main graph (``onnx_io/taken_branches.py``) and
+its ops are ranked one by one like the main graph's (``taken_scopes``); they had never been
+candidates, and the fallback gave up on a merged decoder's rounding error having moved nothing.
 """
 
 from __future__ import annotations
@@ -27,20 +30,35 @@ from .metrics import max_rel_error, rel_error
 from .onnx_io.body_peaks import LOOPS
 from .onnx_io.probe import run_exposed
 from .onnx_io.structure import graphs
+from .onnx_io.taken_branches import inline_taken_branches
 from .overflow import probed_runs, runnable
 from .validate import branch_feeds, run_model, undetermined_selections
 
 
 def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict,
                 runner: Callable = run_model) -> list[tuple[float, str]]:
-    """(error an op adds, op name) for every low-precision op of the main graph, and for every main-graph
-    ``Loop``/``Scan`` node with low-precision ops in its body (its name: ``low_bodies``), worst
-    first. A body's values cannot be exposed, so such a node is measured as one op."""
+    """(error an op adds, op name) for every low-precision op of the main graph and of the ``If``
+    branches the feeds take (each way a fed condition goes: ``validate.branch_feeds``; an op's worst),
+    and for every main-graph ``Loop``/``Scan`` node with low-precision ops in its body (its name:
+    ``low_bodies``), worst first. A body's values cannot be exposed, so such a node is measured as one op."""
+    worst: dict[str, float] = {}
+    for _, variant in branch_feeds(original, feeds):
+        for error, name in _added_error_taking(original, converted, report, variant, runner):
+            worst[name] = max(worst.get(name, error), error)
+    return sorted(((error, name) for name, error in worst.items()), reverse=True)
+
+
+def _added_error_taking(original: ModelProto, converted: ModelProto, report, feeds: dict,
+                        runner: Callable) -> list[tuple[float, str]]:
+    """``added_error`` for one set of feeds: the branches they take inlined into both models."""
+    scopes = taken_scopes(original, feeds)
     bodies = low_bodies(original, report)
-    low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and not o.get("scope")]
+    original, converted = inline_taken_branches(original, feeds), inline_taken_branches(converted, feeds)
+    low_ops = [o for o in report.ops if o["precision"] in LOW_PRECISION and (o.get("scope") or "") in scopes]
     low_ops += [{"name": name} for name in bodies]
     orig_outputs = {n.output[i] for n in original.graph.node for i in range(len(n.output)) if n.output[i]}
-    by_name = {**original_nodes(original, report), **{name: node for name, (node, _) in bodies.items()}}
+    by_name = {**original_nodes(original, report, scopes),
+               **{name: node for name, (node, _) in bodies.items()}}
     tensors = sorted({t for o in low_ops if o["name"] in by_name for t in by_name[o["name"]].output
                       if t in orig_outputs} | {t for o in low_ops if o["name"] in by_name
                                                for t in by_name[o["name"]].input if t in orig_outputs})
@@ -58,25 +76,50 @@ def added_error(original: ModelProto, converted: ModelProto, report, feeds: dict
         out_err = max((err.get(t, 0.0) for t in node.output), default=0.0)
         in_err = max((err.get(t, 0.0) for t in node.input), default=0.0)
         ranked.append((out_err - in_err if np.isfinite(out_err) else float("inf"), o["name"]))
-    ranked.sort(reverse=True)
     return ranked
 
 
-def original_nodes(original: ModelProto, report) -> dict[str, Any]:
-    """Report op name -> the main-graph node of ``original`` it plans, matched by an output (a node
-    may have no name: the importer names it ``<op_type>_<index>``, and matching by node name had
-    found none, so the fallback moved nothing)."""
+def taken_scopes(model: ModelProto, feeds: dict) -> frozenset[str]:
+    """The main graph's scope ('') and the plan scopes of the ``If`` branches ``feeds`` take (a
+    one-element boolean condition they give, as ``inline_taken_branches`` reads it): the importer
+    scopes a branch op as ``<node>.then_branch/<op>`` (``onnx_io/importer.py``)."""
+    scopes = {""}
+    for idx, node in enumerate(model.graph.node):
+        if node.op_type != "If" or not node.input:
+            continue
+        flag = feeds.get(node.input[0])
+        if isinstance(flag, np.ndarray) and flag.dtype == np.bool_ and flag.size == 1:
+            branch = "then_branch" if bool(flag.reshape(-1)[0]) else "else_branch"
+            scopes.add(f"{node.name or f'{node.op_type}_{idx}'}.{branch}")
+    return frozenset(scopes)
+
+
+def original_nodes(original: ModelProto, report, scopes: frozenset[str] = frozenset({""})) -> dict[str, Any]:
+    """Report op name -> the main-graph node of ``original`` it plans, for the ops of ``scopes`` (the
+    main graph's, and the branches ``original`` has inlined: ``taken_scopes``), matched by an output
+    (a node may have no name: the importer names it ``<op_type>_<index>``, and matching by node name
+    had found none, so the fallback moved nothing; a branch's values keep their names when inlined)."""
     by_output = {t: n for n in original.graph.node for t in n.output if t}
     # the importer's name for each node (``onnx_io/importer.py``): an op whose output the emitter
     # renamed (an FP16 MatMul feeding a graph output kept FP32 writes ``y_fp16``) is found by it
     by_name = {n.name or f"{n.op_type}_{idx}": n for idx, n in enumerate(original.graph.node)}
     found = {}
     for op in report.ops:
-        if op.get("scope"):
+        scope = op.get("scope") or ""
+        if scope not in scopes:
             continue
-        node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None) or by_name.get(op["name"])
+        node = next((by_output[t] for t in op.get("outputs") or () if t in by_output), None) or (
+            None if scope else by_name.get(op["name"]))
         if node is not None:
             found[op["name"]] = node
+    return found
+
+
+def _planned_nodes(original: ModelProto, report, feeds: dict) -> dict[str, Any]:
+    """``original_nodes`` of the main graph and of every branch some way of the feeds takes."""
+    found: dict[str, Any] = {}
+    for _, variant in branch_feeds(original, feeds):
+        found.update(original_nodes(inline_taken_branches(original, variant), report, taken_scopes(original, variant)))
     return found
 
 
@@ -161,8 +204,8 @@ def convert_with_fallback(convert: Callable[..., Any], original: ModelProto, fee
         if not candidates:
             break
         low = {o["name"] for o in report.ops if o["precision"] in LOW_PRECISION}
-        step = _with_low_producers(candidates if overflowing else candidates[:take], original_nodes(original, report),
-                                   low - set(denied))
+        step = _with_low_producers(candidates if overflowing else candidates[:take],
+                                   _planned_nodes(original, report, feeds), low - set(denied))
         why = (f"fallback: writes an input of an op whose {name16} value overflows" if overflowing
                else f"fallback: {name16} here added error beyond the {tolerance:g} budget")
         bodies = low_bodies(original, report)  # a node measured as one op moves its bodies' low ops

@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler import ConversionError, convert_onnx
 from amp_compiler.fallback import convert_with_fallback
@@ -125,4 +125,42 @@ def test_fallback_moves_the_low_ops_of_a_loop_body_whose_outputs_carry_the_error
     ops = {o["name"]: o for o in converted.report.ops}
     assert ops["loop0.body/body_shift"]["precision"] == "float32"
     assert "body of Loop loop0" in ops["loop0.body/body_shift"]["reason"]
+    assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
+
+
+def _merged_cancelling_decoder():
+    """A merged decoder's shape (an If on ``use_cache_branch``, optimum's ``decoder_model_merged``) whose
+    branch without the cache loses its values in FP16 (the identity GEMM's output plus and minus 2048:
+    an error, not an overflow), the other one keeping them: both branches' ops are tensor-core work the
+    default plan converts."""
+    def branch(tag: str, cancels: bool):
+        nodes = [helper.make_node("MatMul", ["x", "W"], [f"{tag}_mm"], name=f"{tag}_mm")]
+        if cancels:
+            nodes += [helper.make_node("Add", [f"{tag}_mm", "big"], [f"{tag}_shifted"], name=f"{tag}_shift"),
+                      helper.make_node("Sub", [f"{tag}_shifted", "big"], [f"{tag}_kept"], name=f"{tag}_unshift")]
+        else:
+            nodes.append(helper.make_node("Relu", [f"{tag}_mm"], [f"{tag}_kept"], name=f"{tag}_relu"))
+        nodes.append(helper.make_node("MatMul", [f"{tag}_kept", "W2"], [f"{tag}_out"], name=f"{tag}_head"))
+        return helper.make_graph(nodes, tag, [], [fin(f"{tag}_out", 4, 64)])
+
+    return model([helper.make_node("If", ["use_cache_branch"], ["y"], name="if", then_branch=branch("past", False),
+                                   else_branch=branch("nopast", True))],
+                 [fin("x", 4, 64), fin("use_cache_branch", 1, dtype=TensorProto.BOOL)], [fin("y", 4, 64)],
+                 [numpy_helper.from_array(np.eye(64, dtype=np.float32), "W"),
+                  numpy_helper.from_array(np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32) * 0.1,
+                                          "W2"),
+                  numpy_helper.from_array(np.array(2048.0, np.float32), "big")])
+
+
+def test_fallback_ranks_the_ops_of_a_merged_decoders_branches_one_by_one():
+    """The error is in the branch the drawn feeds do not take: both ways of the switch are inlined and
+    their ops ranked like the main graph's. Before, no branch op was a candidate and the fallback gave
+    up, error 0.48, having moved nothing."""
+    m = _merged_cancelling_decoder()
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32),
+             "use_cache_branch": np.array([True])}
+    converted, moved = convert_with_fallback(functools.partial(convert_onnx, m), m, feeds, tolerance=1e-2,
+                                             runner=run_reference)
+    assert {"if.else_branch/nopast_shift", "if.else_branch/nopast_unshift"} <= set(moved)
+    assert not any(name.startswith("if.then_branch/") for name in moved)  # nothing of the clean branch
     assert converted.report.data["fallback"]["max_rel_error"] <= 1e-2
