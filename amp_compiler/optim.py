@@ -10,8 +10,12 @@ turns its in-place updates into a pure graph. Each group's learning rate is a gr
 a Python scalar (``alpha=-lr``) the traced ``_local_scalar_dense`` is rewritten into tensor
 arithmetic, so the graph never synchronises with the host. ``betas`` are graph inputs too (two
 0-d tensors per group): ``OneCycleLR``/``CyclicLR`` cycle ``betas[0]`` with the lr at every step,
-and as constants they were a new capture per step. Every other hyper-parameter is a constant
-of the graph and part of the capture key (training.py re-captures when one changes).
+and as constants they were a new capture per step. So are ``weight_decay`` and ``momentum`` (a
+weight-decay schedule, ``cycle_momentum``): the optimizers branch on them in Python
+(``if weight_decay != 0``, ``if momentum > 0``), which a traced tensor cannot answer, so while
+``step()`` is traced their comparisons with 0 answer from the value's sign (``_SignedHypers``),
+which is what the capture key holds of them. Every other hyper-parameter is a constant of the
+graph and part of the capture key (training.py re-captures when one changes).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ _FORCED = {"foreach": False, "fused": False}
 _VOLATILE = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
 #: hyper-parameters passed as graph inputs, after each group's lr (schedulers change them every step)
 _RUNTIME = ("betas",)
+#: single numbers passed as graph inputs (schedules change them), keyed by their sign only (``_SignedHypers``)
+_SIGNED = ("weight_decay", "momentum")
 
 
 def check(optimizer: Any) -> None:
@@ -75,8 +81,11 @@ def refuse_step_hooks(optimizer: torch.optim.Optimizer) -> None:
 
 
 def hyper_key(optimizer: torch.optim.Optimizer) -> tuple:
-    """The hyper-parameters baked into the graph as constants (everything but lr and the flags)."""
-    return tuple(tuple((k, _hashable(v)) for k, v in sorted(g.items())
+    """The hyper-parameters baked into the graph as constants (everything but lr and the flags), and the
+    sign of each ``_SIGNED`` one passed as an input (the optimizer's Python branches on it are baked)."""
+    signed = _signed_keys(optimizer)
+    return tuple(tuple((k, ("sign", _sign(v)) if k in signed and _scalar(v) else _hashable(v))
+                       for k, v in sorted(g.items())
                        if k not in _VOLATILE and not (k in _RUNTIME and _runtime(v)))
                  for g in optimizer.param_groups)
 
@@ -86,9 +95,30 @@ def _runtime(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and all(isinstance(v, (int, float, torch.Tensor)) for v in value)
 
 
-def _group_hypers(group: dict[str, Any]) -> list[tuple[str, int]]:
-    """``(key, how many tensors)`` of a group's graph-input hyper-parameters, lr first."""
-    return [("lr", 0)] + [(k, len(group[k])) for k in _RUNTIME if k in group and _runtime(group[k])]
+def _scalar(value: Any) -> bool:
+    """A real number, or a one-element real tensor not requiring grad: a ``_SIGNED`` graph input."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.requires_grad and not value.is_complex()
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _sign(value: Any) -> int:
+    v = float(value)
+    return (v > 0) - (v < 0)
+
+
+def _signed_keys(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """The ``_SIGNED`` hyper-parameters passed as inputs: those of torch's own optimizers, whose ``step()``
+    reads them only by arithmetic and comparisons with 0. A ``step()`` of another source (a subclass
+    overriding it, a third-party optimizer) might read them otherwise: its values stay constants."""
+    step = getattr(type(optimizer).step, "__module__", "") or ""
+    return _SIGNED if step.startswith("torch.optim") else ()
+
+
+def _group_hypers(group: dict[str, Any], signed: tuple[str, ...]) -> list[tuple[str, int]]:
+    """``(key, how many tensors)`` of a group's graph-input hyper-parameters, lr first (0: one number)."""
+    return [("lr", 0)] + [(k, len(group[k])) for k in _RUNTIME if k in group and _runtime(group[k])] + \
+        [(k, 0) for k in signed if k in group and _scalar(group[k])]
 
 
 def hyper_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> list[torch.Tensor]:
@@ -97,8 +127,40 @@ def hyper_tensors(optimizer: torch.optim.Optimizer, device: torch.device | None 
     def scalar(v: Any) -> torch.Tensor:
         return torch.as_tensor(v, dtype=torch.float32, device=device).detach().clone().reshape(())
 
-    return [scalar(v) for g in optimizer.param_groups for k, n in _group_hypers(g)
+    signed = _signed_keys(optimizer)
+    return [scalar(v) for g in optimizer.param_groups for k, n in _group_hypers(g, signed)
             for v in ((g[k],) if n == 0 else g[k])]
+
+
+class _SignedHypers(torch.overrides.TorchFunctionMode):
+    """While ``step()`` is traced, a comparison of a ``_SIGNED`` hyper-parameter (a traced tensor) with 0
+    is a Python bool, from the sign it had at capture (part of the capture key): the optimizers branch
+    on ``weight_decay != 0`` or ``momentum > 0``, which a traced tensor cannot answer. Every other use
+    is the tensor's own (arithmetic, or an ``alpha=`` scalar that ``_scalars_to_tensors`` rewrites)."""
+
+    _COMPARE = {getattr(torch._C.TensorBase, name): test for names, test in (
+        (("eq", "__eq__"), lambda s: s == 0), (("ne", "__ne__", "__bool__"), lambda s: s != 0),
+        (("gt", "__gt__"), lambda s: s > 0), (("ge", "__ge__"), lambda s: s >= 0),
+        (("lt", "__lt__"), lambda s: s < 0), (("le", "__le__"), lambda s: s <= 0)) for name in names}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signs: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (the tensor, kept alive; its sign)
+
+    def add(self, t: torch.Tensor, sign: int) -> torch.Tensor:
+        self.signs[id(t)] = (t, sign)
+        return t
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        test = self._COMPARE.get(func)
+        known = self.signs.get(id(args[0])) if test is not None and args else None
+        if known is not None and known[0] is args[0] and (len(args) == 1 or _is_zero(args[1])):
+            return test(known[1])
+        return func(*args, **(kwargs or {}))
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 def _hashable(v: Any) -> Any:
@@ -162,7 +224,8 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
         work = [p.clone() for p in ps]
         for w, g in zip(work, gs):
             w.grad = g
-        with _swapped(optimizer, work, cur, hypers, group_sizes), compiling():
+        signs = _SignedHypers()
+        with _swapped(optimizer, work, cur, hypers, group_sizes, signs), compiling(), signs:
             optimizer.step()
             new_states = [dict(optimizer.state[w]) for w in work]
         layout = state_layout(new_states)
@@ -182,15 +245,17 @@ def trace_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], s
 
 
 @contextlib.contextmanager
-def _swapped(optimizer, work, states, hypers, group_sizes):
+def _swapped(optimizer, work, states, hypers, group_sizes, signs):
     """The optimizer steps ``work`` (with ``states`` and the tensor ``hypers``); everything is restored after."""
     saved_groups = [dict(g) for g in optimizer.param_groups]
     saved_state = optimizer.state
     optimizer.state = collections.defaultdict(dict)
     start, it = 0, iter(hypers)
+    signed = _signed_keys(optimizer)
     for group, size in zip(optimizer.param_groups, group_sizes):
         group["params"] = work[start:start + size]
-        group.update({k: next(it) if n == 0 else tuple(next(it) for _ in range(n)) for k, n in _group_hypers(group)})
+        values = {k: next(it) if n == 0 else tuple(next(it) for _ in range(n)) for k, n in _group_hypers(group, signed)}
+        group.update({k: signs.add(v, _sign(group[k])) if k in signed else v for k, v in values.items()})
         group.update({k: v for k, v in _FORCED.items() if k in group})
         if "capturable" in group:
             group["capturable"] = True

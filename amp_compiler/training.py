@@ -45,6 +45,11 @@ class _Capture:
     accepts: Callable[[list[torch.Tensor]], bool] | None = None  # a symbolic capture: the calls it takes
 
 
+def _is_sign(value: Any) -> bool:
+    """A hyper-parameter passed as a graph input, keyed by its sign (``optim.hyper_key``)."""
+    return isinstance(value, tuple) and len(value) == 2 and value[0] == "sign"
+
+
 def _family(key: tuple) -> tuple:
     """A capture key with its batch shapes reduced to ranks: the keys one symbolic capture may serve."""
     return (*key[:2], tuple((len(shape), dtype) for shape, dtype in key[2]), *key[3:])
@@ -289,8 +294,9 @@ class TrainStep:
         # fake tensors ran what the real kernels refuse (a float64 batch for a float32 model)
         check_operand_dtypes(traced.gm, "compile_training", self.model.parameters(), "batch inputs")
         changed = self._changed_hypers(key)
-        if changed and not self._warned_hypers:  # once: a scheduler cycling them re-captures every step
-            self._warned_hypers = True
+        sign_only = all(name.endswith(" (sign)") for name in changed)  # a few captures at most: said each time
+        if changed and (sign_only or not self._warned_hypers):  # once: a scheduler cycling them re-captures every step
+            self._warned_hypers = self._warned_hypers or not sign_only
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1}: "
                           f"{self._hyper_advice(changed)}", stacklevel=user_stacklevel())
         if new_shape:
@@ -314,17 +320,25 @@ class TrainStep:
         return cap
 
     def _changed_hypers(self, key: tuple) -> list[str]:
-        """The optimizer hyper-parameters (graph constants) that alone tell ``key`` from a capture's."""
+        """The optimizer hyper-parameters (graph constants, or the sign of an input one) that alone tell
+        ``key`` from a capture's; a sign's change is named ``"name (sign)"``."""
         for k in self._captures:
             if k[:4] == key[:4] and k[5:] == key[5:] and k[4] != key[4] and k[4] is not None:
-                return sorted({name for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new)
-                               if a != b})
+                return sorted({name + (" (sign)" if _is_sign(a) and _is_sign(b) else "")
+                               for old, new in zip(k[4], key[4]) for (name, a), (_, b) in zip(old, new) if a != b})
         return []
 
     def _hyper_advice(self, changed: list[str]) -> str:
         """Why ``changed`` hyper-parameters capture again, and the fix for each: a scheduler cycling
         ``momentum`` takes ``cycle_momentum=False``; any other (a weight-decay schedule) had been given
-        that same advice, which changes nothing for it."""
+        that same advice, which changes nothing for it. A graph-input one (``optim._SIGNED``) captures
+        again only when it reaches or leaves 0 (the optimizer takes another branch)."""
+        signs = [name.split()[0] for name in changed if name.endswith(" (sign)")]
+        changed = [name for name in changed if not name.endswith(" (sign)")]
+        if not changed:
+            return (f"optimizer {type(self.optimizer).__name__}'s {', '.join(signs)} reached or left 0 since a "
+                    f"capture, where the optimizer takes another branch: captured again for that branch (its "
+                    f"other values are graph inputs and capture nothing)")
         fixes = []
         if "momentum" in changed:
             fixes.append("if a scheduler cycles momentum (OneCycleLR, CyclicLR), pass it cycle_momentum=False")

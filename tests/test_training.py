@@ -217,21 +217,53 @@ def test_one_cycle_lr_cycling_adamw_betas_keeps_one_capture_and_matches_eager():
     _assert_same_params(captured, eager, rtol=1e-4, atol=1e-6)
 
 
+def test_one_cycle_lr_cycling_sgd_momentum_keeps_one_capture_and_matches_eager():
+    """OneCycleLR cycles SGD's momentum at every step (``cycle_momentum``): a constant of the graph, it
+    was a capture per step until max_captures. It is a graph input now, its ``momentum != 0`` branch
+    answered by the sign the capture key holds."""
+    eager, captured = _mlp(), _mlp()
+    opt_eager, opt_captured = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, captured))
+    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12)
+                                   for o in (opt_eager, opt_captured))
+    step = _fp32_step(captured, opt_captured, max_captures=2)
+    momenta = set()
+    for i in range(10):
+        x, y = _batch(seed=i)
+        _eager_step(eager, opt_eager, x, y)
+        step(x, y)
+        sched_eager.step()
+        sched_captured.step()
+        momenta.add(opt_captured.param_groups[0]["momentum"])
+    assert len(momenta) == 10  # the scheduler did cycle it
+    assert len(step.captures) == 2  # the first step creates the momentum buffers: a second layout
+    _assert_same_params(captured, eager)
+
+
+class _OwnStepSGD(torch.optim.SGD):
+    """An optimizer whose ``step()`` is not torch's: it might read momentum otherwise than torch's do, so
+    its hyper-parameters stay constants of the graph."""
+
+    def step(self, closure=None):
+        return super().step(closure)
+
+
 def test_a_hyper_parameter_changing_every_step_names_itself_at_max_captures():
-    """SGD's momentum is still a graph constant: OneCycleLR cycling it is a capture per step, silently, and
-    the error at max_captures said "pad or bucket the shapes" of a batch whose shapes never changed."""
+    """A graph constant (here the momentum of an optimizer with its own ``step()``) cycled by OneCycleLR is a
+    capture per step; the error at max_captures had said "pad or bucket the shapes" of a batch whose shapes
+    never changed."""
     model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = _OwnStepSGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
     step = _fp32_step(model, opt, max_captures=3)
     for _ in range(2):  # the first step creates the momentum buffers: the second is a capture of its own
         step(*_batch())
         sched.step()
-    with pytest.warns(UserWarning, match=r"capturing step variant 3: optimizer SGD's hyper-parameters \['momentum'\]"):
+    with pytest.warns(UserWarning, match=r"capturing step variant 3: optimizer _OwnStepSGD's hyper-parameters "
+                                         r"\['momentum'\]"):
         step(*_batch())
     sched.step()
-    with pytest.raises(ConversionError, match=r"max_captures=3: optimizer SGD's hyper-parameters \['momentum'\] "
-                                              r"changed.*cycle_momentum=False"):
+    with pytest.raises(ConversionError, match=r"max_captures=3: optimizer _OwnStepSGD's hyper-parameters "
+                                              r"\['momentum'\] changed.*cycle_momentum=False"):
         step(*_batch())
 
 

@@ -125,12 +125,55 @@ def test_a_dict_batch_and_a_loss_less_output_name_what_the_step_takes():
     assert not torch.equal(before, model.linear.weight)
 
 
-def test_a_weight_decay_schedule_is_told_what_changes_it_not_cycle_momentum():
-    """A weight-decay schedule (a constant of the graph: a capture per value) had been advised to pass
-    ``cycle_momentum=False``, which changes nothing for it."""
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.04),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3),
+], ids=["adamw", "sgd"])
+def test_a_weight_decay_schedule_costs_no_capture_and_matches_eager(make):
+    """A weight-decay schedule (DINO's cosine) sets ``param_group["weight_decay"]`` at every step: a constant
+    of the graph, each value had been a capture of its own (seconds each, and the 9th step failed at
+    max_captures). It is a graph input now; only its sign is in the capture key (the optimizers branch on
+    ``weight_decay != 0`` in Python), so a schedule reaching 0 is one more capture, not one per value."""
+    def mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    eager, captured = mlp(), mlp()
+    opt_eager, opt_captured = make(eager.parameters()), make(captured.parameters())
+    step = _quiet_compile(captured, F.cross_entropy, opt_captured, _batch(), max_captures=3)
+    decays = [0.04 * (1 + i) for i in range(9)] + [0.0, 0.0, 0.05]  # ... then off, then on again
+    for i, wd in enumerate(decays):
+        for opt in (opt_eager, opt_captured):
+            opt.param_groups[0]["weight_decay"] = wd
+        x, y = _batch(seed=i)
+        opt_eager.zero_grad()
+        F.cross_entropy(eager(x), y).backward()
+        opt_eager.step()
+        if i == 9:
+            with pytest.warns(UserWarning, match=r"'s weight_decay reached or left 0 since a capture"):
+                step(x, y)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no capture warning for a new value
+                step(x, y)
+        if i == 8:  # nine values: the state-creating capture and the steady one
+            assert len(step.captures) == 2
+    assert len(step.captures) == 3  # weight_decay == 0 takes the other branch: one more
+    for p, q in zip(eager.parameters(), captured.parameters()):
+        torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_constant_hyper_parameter_schedule_is_told_what_changes_it_not_cycle_momentum():
+    """A hyper-parameter that stays a constant of the graph (here the weight decay of an optimizer whose
+    ``step()`` is its own, not torch's) changed at every step is a capture per value: it had been advised
+    to pass ``cycle_momentum=False``, which changes nothing for it."""
+    class OwnStepAdamW(torch.optim.AdamW):
+        def step(self, closure=None):
+            return super().step(closure)
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.04)
+    opt = OwnStepAdamW(model.parameters(), lr=1e-3, weight_decay=0.04)
     step = _quiet_compile(model, F.cross_entropy, opt, _batch(), max_captures=3)
     step(*_batch())  # the state-creating capture, then the steady one
     with pytest.warns(UserWarning) as said:
@@ -139,8 +182,9 @@ def test_a_weight_decay_schedule_is_told_what_changes_it_not_cycle_momentum():
             if i < 2:
                 step(*_batch())
             else:
-                with pytest.raises(ConversionError, match=r"max_captures=3: optimizer AdamW's hyper-parameters "
-                                                          r"\['weight_decay'\].*keep weight_decay constant") as exc:
+                with pytest.raises(ConversionError, match=r"max_captures=3: optimizer OwnStepAdamW's hyper-"
+                                                          r"parameters \['weight_decay'\].*keep weight_decay "
+                                                          r"constant") as exc:
                     step(*_batch())
     advice = [str(w.message) for w in said if "hyper-parameters" in str(w.message)]
     assert advice and all("weight_decay" in a and "cycle_momentum" not in a for a in advice)
