@@ -10,7 +10,9 @@ with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameter
 optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
 any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
 or the new parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and,
-with ``keep_grads``, the unscaled gradients (updating variant).
+with ``keep_grads``, the unscaled gradients (updating variant). A flushing variant
+(``TrainStep.flush``) is an updating one with no batch and no forward: it applies the
+accumulated gradients of an unfinished accumulation (its "loss" output is 0).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Variant:
     update: bool  # apply the optimizer (last micro-batch) or only accumulate
     has_acc: bool  # takes accumulated gradients from earlier micro-batches
     n_batch: int
+    flush: bool = False  # no batch, no forward: apply the accumulated gradients (TrainStep.flush)
     state_in: fopt.StateLayout | None = None
     state_out: fopt.StateLayout | None = None
     fp32_nodes: set[str] = field(default_factory=set)
@@ -118,16 +121,7 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
     fp32 = variant.fp32_nodes
     config, n_acc = setup.config, setup.accumulation_steps
 
-    def step(*flat):
-        p, f = list(flat[:n_p]), list(flat[n_p:n_p + n_f])
-        b = list(flat[n_p + n_f:n_p + n_f + n_b])
-        pos = n_p + n_f + n_b
-        st, lrs = list(flat[pos:pos + n_s]), list(flat[pos + n_s:pos + n_s + n_l])
-        pos += n_s + n_l
-        scale, tracker = flat[pos], flat[pos + 1]
-        pos += 2
-        prev = list(flat[pos:pos + n_p]) if variant.has_acc else None
-        data = flat[pos + (n_p if variant.has_acc else 0):]
+    def _forward_backward(data, p, f, b, scale):
         inputs, targets = data[:len(data) - setup.n_targets], data[len(data) - setup.n_targets:]
         p_req = [t.detach().requires_grad_(True) for t in p]
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
@@ -141,9 +135,23 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
                 seed = loss.float() / n_acc * scale if n_acc > 1 else loss.float() * scale
             grads = torch.autograd.grad(seed, p_req, allow_unused=True)  # the backward seed is the scaled loss
         _refuse_unused(setup.trainable, grads)
-        grads = [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
-        if prev is not None:
-            grads = [a + g for a, g in zip(prev, grads)]
+        return loss, [ls.unscale_marker(g) for g in grads]  # FP32 from here on (the planner stops FP16 here)
+
+    def step(*flat):
+        p, f = list(flat[:n_p]), list(flat[n_p:n_p + n_f])
+        b = list(flat[n_p + n_f:n_p + n_f + n_b])
+        pos = n_p + n_f + n_b
+        st, lrs = list(flat[pos:pos + n_s]), list(flat[pos + n_s:pos + n_s + n_l])
+        pos += n_s + n_l
+        scale, tracker = flat[pos], flat[pos + 1]
+        pos += 2
+        prev = list(flat[pos:pos + n_p]) if variant.has_acc else None
+        if variant.flush:  # the accumulated gradients as they are (marked: FP32 from here, as below)
+            loss, grads = scale.new_zeros(()), [ls.unscale_marker(a) for a in prev]
+        else:
+            loss, grads = _forward_backward(flat[pos + (n_p if variant.has_acc else 0):], p, f, b, scale)
+            if prev is not None:
+                grads = [a + g for a, g in zip(prev, grads)]
         if not variant.update:
             return (loss.detach(), *grads)
         with ls.fp32_ops(fp32):  # the optimizer's arithmetic that does not read a gradient (step counts,

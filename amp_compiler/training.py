@@ -51,12 +51,15 @@ def _is_sign(value: Any) -> bool:
 
 
 def _family(key: tuple) -> tuple:
-    """A capture key with its batch shapes reduced to ranks: the keys one symbolic capture may serve."""
-    return (*key[:2], tuple((len(shape), dtype) for shape, dtype in key[2]), *key[3:])
+    """A capture key with its batch shapes reduced to ranks: the keys one symbolic capture may serve
+    (a flush's, whose batch is ``None``, is its own)."""
+    ranks = None if key[2] is None else tuple((len(shape), dtype) for shape, dtype in key[2])
+    return (*key[:2], ranks, *key[3:])
 
 
 class TrainStep:
-    """``loss = step(*batch)``: one micro-batch; every ``accumulation_steps``-th call updates."""
+    """``loss = step(*batch)``: one micro-batch; every ``accumulation_steps``-th call updates, and
+    ``step.flush()`` applies an unfinished accumulation (the end of an epoch)."""
 
     def __init__(self, setup: Setup, example_batch: tuple, plan_options: dict[str, Any],
                  backend: str | None = None, max_captures: int = 8) -> None:
@@ -110,6 +113,50 @@ class TrainStep:
         self._apply(outputs[1:], v)
         self._acc, self._micro = [], 0
         return loss
+
+    @property
+    def pending(self) -> int:
+        """Micro-batches accumulated since the last update, not applied yet (``flush()`` applies them)."""
+        return self._micro
+
+    def flush(self, apply: bool = True) -> bool:
+        """Apply the gradients of an unfinished accumulation now: the end of an epoch whose micro-batch count
+        is not a multiple of ``accumulation_steps``. Without it they stay accumulated and the next call's
+        update adds them to the next micro-batches' (an epoch's last micro-batches counted in the next
+        epoch's first update), and ``zero_grad()`` cannot drop them.
+
+        As eager accumulation of ``loss / N`` does when it steps at the end of the epoch, each pending
+        micro-batch counts 1/N (``accumulation_steps``), not 1/pending; the update is otherwise a normal one
+        (unscaling, overflow skip, clipping, the optimizer, the scale's growth). One more capture, the
+        first time (no forward: the update alone); ``step.report`` stays the last micro-batch's. Returns
+        whether anything was pending; call it on every rank under DDP (the update all-reduces).
+        ``apply=False`` drops them instead (as ``drop_last`` would have)."""
+        if not self._micro:
+            return False
+        if not apply:
+            self._acc, self._micro = [], 0
+            return True
+        check_no_sync(self.setup.ddp, self.setup.accumulation_steps, self.setup.accumulation_steps)
+        fopt.refuse_step_hooks(self.optimizer)
+        self._check_not_replaced()
+        cap = self._select_flush()
+        outputs = list(cap.runner(*self._flat_inputs((), cap.variant)))
+        self._apply(outputs[1:], cap.variant)
+        self._acc, self._micro = [], 0
+        return True
+
+    def _select_flush(self) -> _Capture:
+        """The flushing variant: the update from the accumulated gradients, no batch and no forward (so the
+        model's modes and flags are not in its key; ``None`` batch shapes tell it from every micro-batch's)."""
+        if tuple(n for n, p in self._params.items() if p.requires_grad) != self.setup.trainable_order:
+            self._follow_trainable()  # raises: pending micro-batches
+        states = self._states()
+        key = (True, True, None, fopt.state_layout(states).signature(), fopt.hyper_key(self.optimizer), None,
+               self.setup.trainable_order, ())
+        cap = self._captures.get(key)
+        if cap is None:
+            cap = self._capture(key, Variant(True, True, 0, flush=True), states, ())
+        return cap
 
     def _check_not_replaced(self) -> None:
         """Refuse a step after a parameter, buffer or submodule was replaced (``layer.weight =
@@ -261,7 +308,8 @@ class TrainStep:
         so the captures are dropped and the next call captures again; scale and optimizer state stay."""
         if self._micro:
             raise ValueError("compile_training: which parameters require grad changed between micro-batches "
-                             "of one accumulation; change it after an update")
+                             "of one accumulation; change it after an update (step.flush() applies the "
+                             "micro-batches accumulated so far)")
         old = self.setup
         model = old.ddp if old.ddp is not None else old.model
         self.setup = _setup(model, old.loss_fn, old.optimizer, old.config, old.n_targets, old.accumulation_steps,
@@ -276,11 +324,12 @@ class TrainStep:
         if len(self._captures) >= self.max_captures:
             raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
-        seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family]
+        seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family] \
+            if not variant.flush else []
         shapes = tuple(tuple(t.shape) for t in batch)
         # dims that took another size are traced symbolic, unless that failed for this kind before
-        dynamic = {} if family in self._static_only else varying_dims(seen, shapes)
-        new_shape = bool(self._captures) and all(k[2] != key[2] for k in self._captures)
+        dynamic = {} if family in self._static_only or variant.flush else varying_dims(seen, shapes)
+        new_shape = bool(self._captures) and all(k[2] != key[2] for k in self._captures) and not variant.flush
         acc = [torch.zeros_like(self._params[n], dtype=torch.float32) for n in self.setup.trainable] \
             if variant.has_acc else []
         try:
@@ -316,7 +365,8 @@ class TrainStep:
         if folded.entries:
             runner = _Refreshing(runner, gm, folded)
         cap = self._captures[key] = _Capture(runner, variant, gm, report, nodes, traced.accepts)
-        self._warn_if_fp32(report)
+        if not variant.flush:  # the update alone is FP32 by design
+            self._warn_if_fp32(report)
         return cap
 
     def _changed_hypers(self, key: tuple) -> list[str]:
@@ -359,6 +409,8 @@ class TrainStep:
         if changed:
             return (f"optimizer {type(self.optimizer).__name__}",
                     f"{limit}: {self._hyper_advice(changed)}, or raise max_captures")
+        if key[2] is None:
+            return ("step.flush()", f"{limit} (the update alone, captured on the first flush): raise max_captures")
         return (f"batch shapes {[tuple(t.shape) for t in batch]}",
                 f"{limit}: pad or bucket the shapes, or raise max_captures")
 
@@ -377,8 +429,10 @@ class TrainStep:
 
     @property
     def captures(self) -> list[dict[str, Any]]:
-        """One row per captured variant: batch shapes and whether it updates (bounded by max_captures)."""
-        return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2]]} for k in self._captures]
+        """One row per captured variant: batch shapes, whether it updates, and whether it is ``flush()``'s
+        (no batch), bounded by max_captures."""
+        return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2] or ()],
+                 "flush": k[2] is None} for k in self._captures]
 
     # -- state ------------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -404,7 +458,12 @@ class TrainStep:
         return {n: self._params[n].grad for n in self.setup.trainable if self._params[n].grad is not None}
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler's state (the optimizer's own state is in ``optimizer.state_dict()``)."""
+        """The scaler's state (the optimizer's own state is in ``optimizer.state_dict()``). Gradients of an
+        unfinished accumulation are not in it (said): ``flush()`` first."""
+        if self._micro:
+            warnings.warn(f"compile_training: step.state_dict() with {self._micro} micro-batch(es) accumulated and "
+                          f"not applied (accumulation_steps={self.setup.accumulation_steps}): their gradients are "
+                          f"not saved; call step.flush() before saving to apply them", stacklevel=user_stacklevel())
         return {"scale": self._scale.clone(), "growth_tracker": self._tracker.clone(),
                 "skipped_steps": self._skipped.clone(), "loss_scale": self.config.mode}
 
@@ -519,7 +578,8 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
     wrapped in DistributedDataParallel.
     Parameters with ``requires_grad=False`` are frozen. ``loss_scale`` is ``"dynamic"``
     (torch.amp's defaults), a number (constant scale) or ``"none"``. ``accumulation_steps=N``:
-    each call is a micro-batch of the loss divided by N, the N-th call updates.
+    each call is a micro-batch of the loss divided by N, the N-th call updates; ``step.flush()`` applies
+    the micro-batches of an unfinished accumulation (the end of an epoch), ``step.pending`` counts them.
     ``max_grad_norm`` clips the unscaled gradients (``clip_grad_norm_``), ``max_grad_value`` clamps
     them first: the step applies the update itself, so ``clip_grad_norm_``/``clip_grad_value_`` called
     after it clip nothing (``p.grad`` is ``None`` after a step; a gradient an eager backward left there

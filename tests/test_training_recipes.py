@@ -195,6 +195,47 @@ def test_accumulation_updates_on_the_nth_call_like_eager_accumulation_of_loss_ov
     _close(eager, captured)
 
 
+def test_flush_applies_an_epochs_unfinished_accumulation_as_eager_stepping_at_the_epochs_end():
+    """An epoch of 7 micro-batches with ``accumulation_steps=3``: its last one had stayed accumulated and
+    was added, silently, to the next epoch's first update (``zero_grad()`` cannot reach it). ``flush()``
+    applies it as eager's ``loss / 3`` accumulation stepping at the end of the epoch does."""
+    eager, captured = _mlp(), _mlp()
+    opt_e = torch.optim.Adam(eager.parameters(), lr=1e-2)
+    x, y = _data(8 * 7, seed=3)
+    micro = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 56, 8)]
+    step = _compile(captured, torch.optim.Adam(captured.parameters(), lr=1e-2), micro[0], accumulation_steps=3,
+                    max_grad_norm=1.0)
+    assert step.flush() is False  # nothing pending
+    for epoch in (micro, micro[:4]):  # 2 updates and 1 left over, then 1 update and 1 left over
+        for i, (xb, yb) in enumerate(epoch):
+            (F.cross_entropy(eager(xb), yb) / 3).backward()
+            if (i + 1) % 3 == 0 or i + 1 == len(epoch):
+                torch.nn.utils.clip_grad_norm_(eager.parameters(), 1.0)
+                opt_e.step()
+                opt_e.zero_grad()
+            step(xb, yb)
+        assert step.pending == 1
+        before = [p.detach().clone() for p in captured.parameters()]
+        assert step.flush() is True and step.pending == 0 and step.flush() is False
+        assert not all(torch.equal(a, b) for a, b in zip(before, captured.parameters()))  # it did update
+        _close(eager, captured)
+    assert sum(row["flush"] for row in step.captures) == 1  # one capture serves every flush
+    assert int(step.optimizer.state[next(captured.parameters())]["step"]) == 5  # 3 + 2 updates, as eager's
+
+    # apply=False drops the pending micro-batch: the next update counts only the next three
+    step(*micro[0])
+    with pytest.warns(UserWarning, match=r"step.state_dict\(\) with 1 micro-batch\(es\) accumulated.*flush\(\)"):
+        step.state_dict()
+    assert step.flush(apply=False) is True and step.pending == 0
+    opt_e.zero_grad()
+    for xb, yb in micro[1:4]:
+        (F.cross_entropy(eager(xb), yb) / 3).backward()
+        step(xb, yb)
+    torch.nn.utils.clip_grad_norm_(eager.parameters(), 1.0)
+    opt_e.step()
+    _close(eager, captured)
+
+
 def test_accumulated_overflow_skips_the_whole_update():
     model = _mlp()
     x, y = _data()
