@@ -98,8 +98,25 @@ class AmpModule(torch.nn.Module):
 
     @property
     def report(self) -> Report | None:
-        """The report of the plan the last call used (the example's until another shape is called)."""
-        return self._last.report if self._last is not None else None
+        """The report of the plan the last call used (the example's until another shape is called).
+        ``None`` where there is none, with a warning saying why (it had been a bare ``None``: compiled
+        without an example, ``print(amp_model.report)`` before the first call printed "None")."""
+        report = self._last.report if self._last is not None else None
+        if report is None:
+            warnings.warn(f"amp_compiler: AmpModule({self._source}).report is None: {self._why_no_report()}",
+                          stacklevel=user_stacklevel())
+        return report
+
+    def _why_no_report(self) -> str:
+        if self._last is not None:  # a call beyond max_plans ran the FP32 model (dynamo's eager_on_recompile)
+            return (f"the last call ran the FP32 model, no plan (max_plans={self._options['max_plans']} plans held: "
+                    f"raise max_plans); amp_model.reports lists the plans held")
+        if self.__dict__.get("_dropped"):
+            return ("its plans were dropped (made for the model's old dtypes) and it plans again on its next call: "
+                    "call it, then read the report")
+        return ("nothing is planned yet: compiled without example inputs (or copied), it plans on its first call, "
+                "as torch.compile does; call it first, or pass the example to compile(model, (x,)) (or "
+                "example_kwargs=) to plan, and have the report, at compile time")
 
     @property
     def reports(self) -> list[tuple[str, Report | None]]:
@@ -235,7 +252,7 @@ class AmpModule(torch.nn.Module):
     def _drop_plans(self) -> None:
         """Forget every plan (made for other weights or dtypes): the next call plans again, with the
         model's modules and flags watched as they are now."""
-        self.__dict__.update(_flags=FlagWatch(self._route.model), _routes={})
+        self.__dict__.update(_flags=FlagWatch(self._route.model), _routes={}, _last=None, _dropped=True)
         self._swaps.reset()
         mode = self._route_key()
         self.__dict__.update(_mode=mode, _route=self._route_for(mode[0]))

@@ -3,6 +3,8 @@ build: the errors they get name the cause to fix."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -142,3 +144,38 @@ def test_a_submodule_switched_to_eval_after_compiling_is_followed():
         got = amp(x)
     assert torch.allclose(got, ref, atol=1e-2, rtol=1e-2), (got - ref).abs().max()
     assert amp.plans == 2
+
+
+def test_report_before_any_plan_says_why_it_is_none_and_is_there_at_once_given_an_example():
+    """``print(amp_model.report)`` right after ``compile(model)`` printed a bare "None": compiled without
+    an example, nothing is planned until the first call. It is still ``None`` (as documented), with a
+    warning at the user's line saying why and what gives a report; with an example the report exists at
+    compile time, and after a dtype change that dropped the plans it is not the dropped plan's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(16, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a report there: nothing to say
+        planned = amp_compiler.compile(model, (x,))
+        assert planned.report is not None and planned.report.summary["graphs"] >= 1
+
+    lazy = amp_compiler.compile(model)
+    with pytest.warns(UserWarning, match=r"AmpModule\(Sequential\)\.report is None: nothing is planned yet: "
+                                         r"compiled without example inputs.*plans on its first call.*"
+                                         r"compile\(model, \(x,\)\)") as said:
+        assert lazy.report is None
+    assert said[0].filename == __file__  # the user's line
+    with torch.no_grad():
+        lazy(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lazy.report is not None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "float64, not float32": known
+        planned.double()  # the plans, made for float32 weights, are dropped
+    try:
+        with pytest.warns(UserWarning, match=r"report is None: its plans were dropped"):
+            assert planned.report is None
+    finally:
+        planned.float()
