@@ -22,7 +22,7 @@ from .onnx_io.common_subexpressions import merge_duplicates
 from .onnx_io.emitter import emit
 from .onnx_io.files import has_external, load_model_files, materialize, save_model
 from .onnx_io.importer import import_model
-from .onnx_io.validation import check_emitted
+from .onnx_io.validation import checking_emitted
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
 from .onnx_io.cpu_layout import cpu_layout_note
@@ -151,25 +151,26 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
         progress("emit")
     imp.pending = []  # folded weights are cast while the file is written (onnx_io/stream.py)
     converted = emit(imp, result)
-    check_emitted(converted, source, imp.pending, nested, op_types | {"Cast"})  # a file ORT refuses is our bug
-    report = build_report(result)  # after emission: the report describes the emitted model
-    nodes = list(walk_nodes(converted.graph, nested=len(imp.graphs) > 1))  # the importer met every subgraph
-    record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph
-    if drawn:
-        report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
-    if trained:
-        report.summary["exported_in_training"] = trained
-    cpu_only = cpu_layout_note(imp.graph.ops.values())
-    if cpu_only:
-        report.summary["cpu_layout_ops"] = cpu_only
-    if merged:
-        report.summary["merged_duplicates"] = (
-            f"merged {sum(merged.values())} duplicate ops into their twins ("
-            + ", ".join(f"{op} x{n}" for op, n in merged.most_common())
-            + "): same op, inputs and attributes, as ONNX Runtime's common-subexpression elimination "
-              "merges them at load")
-    if annotate:
-        annotate_model(converted, report, nodes)
+    # a file ORT refuses is our bug; checked beside the report and annotations (C++ holding the GIL)
+    with checking_emitted(converted, source, imp.pending, nested, op_types | {"Cast"}):
+        report = build_report(result)  # after emission: the report describes the emitted model
+        nodes = list(walk_nodes(converted.graph, nested=len(imp.graphs) > 1))  # the importer met every subgraph
+        record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph
+        if drawn:
+            report.summary["inputs_drawn"] = drawn  # how the calibration inputs were made
+        if trained:
+            report.summary["exported_in_training"] = trained
+        cpu_only = cpu_layout_note(imp.graph.ops.values())
+        if cpu_only:
+            report.summary["cpu_layout_ops"] = cpu_only
+        if merged:
+            report.summary["merged_duplicates"] = (
+                f"merged {sum(merged.values())} duplicate ops into their twins ("
+                + ", ".join(f"{op} x{n}" for op, n in merged.most_common())
+                + "): same op, inputs and attributes, as ONNX Runtime's common-subexpression elimination "
+                  "merges them at load")
+        if annotate:
+            annotate_model(converted, report, nodes)
     return ConvertedModel(converted, report, base_dir, imp.pending, read_from)
 
 

@@ -6,20 +6,28 @@
   from them, and the FP16 weights are exactly the FP32 ones rounded;
 * a skeleton copy keeps every field of a tensor but its data;
 * ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone;
-* folded weights cast while the file is written give the model ``.model`` returns.
+* folded weights cast while the file is written give the model ``.model`` returns;
+* the post-emission check forked beside the report says what it says inline.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from amp_compiler.errors import ConversionError
 from amp_compiler.numerics import _SLICE, ValueStats
 from amp_compiler.onnx_api import convert_onnx
+from amp_compiler.onnx_io import validation
 from amp_compiler.onnx_io.skeleton import skeleton_copy
 from amp_compiler.onnx_io.validation import validate_model
+
+from .builders import fin, model
 
 
 def _whole_array_stats(values: np.ndarray) -> ValueStats:
@@ -126,3 +134,51 @@ def test_weights_cast_while_writing_give_the_same_file(tmp_path, monkeypatch, dt
     assert [numpy_helper.to_array(t).tobytes() for t in loaded.graph.initializer] == \
         [numpy_helper.to_array(t).tobytes() for t in streamed.graph.initializer]
 
+
+
+def _ill_typed() -> onnx.ModelProto:
+    """x -> Cast(FP16) -> Relu -> y declared FP32: strict type inference refuses it, as it would a
+    converted model whose emitter forgot a cast."""
+    nodes = [helper.make_node("Cast", ["x"], ["h"], name="half", to=TensorProto.FLOAT16),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    return model(nodes, [fin("x", 4, 8)], [fin("y", 4, 8)])
+
+
+def _forked_check_error(m: onnx.ModelProto, block_error: Exception | None = None) -> tuple[str, list[str]]:
+    """``checking_emitted``'s error message with the check forked, and what the block did."""
+    ran: list[str] = []
+    with pytest.raises(ConversionError) as raised:
+        with validation.checking_emitted(m, "m.onnx"):
+            ran.append("block")
+            if block_error is not None:
+                raise block_error
+    return str(raised.value), ran
+
+
+def test_the_forked_check_raises_what_the_inline_check_raises(tmp_path, monkeypatch) -> None:
+    """The post-emission check runs in a forked child beside the report (onnx's C++ holds the GIL):
+    same error text as inline, ahead of an error of the block's own; a child that ends without a
+    verdict is replaced by the check run in the parent; the child writes no file."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConversionError) as inline:
+        validation.check_emitted(_ill_typed(), "m.onnx")
+    assert "the converted model fails ONNX's check" in str(inline.value) and "relu" in str(inline.value)
+    monkeypatch.setattr(validation, "_may_fork", lambda m: True)
+    assert _forked_check_error(_ill_typed()) == (str(inline.value), ["block"])
+    assert _forked_check_error(_ill_typed(), ValueError("report bug"))[0] == str(inline.value)
+    with validation.checking_emitted(_mlp(), "m.onnx"):  # a valid model: nothing raised
+        pass
+    monkeypatch.setattr(validation, "_child", lambda check, fd: os._exit(9))  # killed before its verdict
+    assert _forked_check_error(_ill_typed()) == (str(inline.value), ["block"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_check_is_forked_only_where_it_is_safe_and_pays(monkeypatch) -> None:
+    """Only from the only Python thread, without torch imported, on Linux, from FORK_FROM_NODES nodes."""
+    big = onnx.ModelProto()
+    big.graph.node.extend([onnx.NodeProto()] * validation.FORK_FROM_NODES)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert validation._may_fork(big) == sys.platform.startswith("linux")
+    assert not validation._may_fork(_mlp())
+    monkeypatch.setitem(sys.modules, "torch", sys)
+    assert not validation._may_fork(big)

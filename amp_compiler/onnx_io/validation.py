@@ -16,8 +16,16 @@ none. ``check_emitted`` runs steps 4 and 5 again on the converted model. docs/ar
 
 from __future__ import annotations
 
+import functools
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator, NoReturn
 
 import onnx
 from onnx import GraphProto, ModelProto
@@ -82,6 +90,113 @@ def check_emitted(model: ModelProto, source: str, pending: Iterable = (), nested
                                                  "a bug in amp-compiler, so nothing was written; please report "
                                                  "it with the model. --deny-node on that node, or --planner "
                                                  "greedy, may avoid it meanwhile") from None
+
+
+#: main-graph nodes from which ``checking_emitted`` forks: below, the check takes under a tenth of a second
+FORK_FROM_NODES = 10_000
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nested: bool = True,
+                     op_types: Iterable[str] | None = None) -> Iterator[None]:
+    """``check_emitted`` while the block runs: onnx's checker and inference are C++ holding the GIL
+    (about 1.5 s at 112k nodes), so on Linux, in a process with no other thread, a forked child runs
+    them on the model as it is at entry while the block goes on on another core. The child writes
+    nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead of any
+    error of the block's own (as when the check ran first); a child that ended without a verdict
+    (killed) is replaced by the check run here. Elsewhere, or on small models, the check runs inline
+    at entry. docs/architecture.md, "ONNX emitter"."""
+    check = functools.partial(check_emitted, model, source, list(pending), nested, op_types)
+    if not _may_fork(model):
+        check()
+        yield
+        return
+    child = _CheckChild(check)
+    try:
+        yield
+    except Exception:
+        child.finish()
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM: nobody waits for the verdict
+        child.abandon()
+        raise
+    child.finish()
+
+
+def _may_fork(model: ModelProto) -> bool:
+    """Large enough to gain, and safe to fork: Linux (fork without exec is unsafe on macOS), called from
+    the only Python thread (another could hold a lock the child's Python code needs), torch not
+    imported (its thread pools and any CUDA context are not the child's to inherit). Native library
+    threads may run (numpy's OpenBLAS pool stops itself at a fork): the child runs only onnx's C++."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux") or len(model.graph.node) < FORK_FROM_NODES:
+        return False
+    return (threading.current_thread() is threading.main_thread() and threading.active_count() == 1
+            and "torch" not in sys.modules)
+
+
+class _CheckChild:
+    """``check`` (``check_emitted`` with its arguments) run in a forked child; its verdict comes back
+    through a pipe: ``passed``, or the ``ConversionError``'s three parts as JSON."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
+        read, write = os.pipe()
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none lands before the child's handlers
+        try:
+            self._pid = os.fork()
+            if self._pid == 0:
+                os.close(read)
+                _child(check, write)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        os.close(write)
+        self._read = read
+
+    def finish(self) -> None:
+        """Wait for the verdict; raise the check's ``ConversionError``, or run the check here where
+        the child gave none."""
+        verdict = self._reap()
+        if verdict == _PASSED:
+            return
+        if verdict:
+            raise ConversionError(*json.loads(verdict)) from None
+        self._check()
+
+    def abandon(self) -> None:
+        """End the child unheard."""
+        os.kill(self._pid, signal.SIGKILL)
+        self._reap()
+
+    def _reap(self) -> bytes:
+        with os.fdopen(self._read, "rb") as pipe:
+            verdict = pipe.read()
+        os.waitpid(self._pid, 0)
+        return verdict
+
+
+_PASSED = b"passed"
+
+
+def _child(check: Callable[[], None], fd: int) -> NoReturn:
+    """The forked child: run ``check``, write its verdict to ``fd``, leave by ``os._exit`` whatever
+    happens (no ``finally`` or ``atexit`` of the parent's runs here, no buffer is flushed twice)."""
+    status = 1
+    try:
+        for signum in _SIGNALS:  # the parent's handlers (the CLI's SIGTERM) would unwind its code here
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        gc.disable()  # a collection would touch, so copy, every page the parent shares
+        try:
+            check()
+            verdict = _PASSED
+        except ConversionError as exc:
+            verdict = json.dumps([exc.source, exc.where, exc.reason]).encode()
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(verdict)
+        status = 0
+    finally:
+        os._exit(status)
 
 
 def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
