@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from ..ir import PrecisionGraph, Tensor
 from ..registry import DEFAULT_REGISTRY
@@ -48,7 +48,7 @@ def emit(imp: OnnxImport, result: PlanResult) -> ModelProto:
             like = likes.setdefault((op.scope, op.attrs["to"]), graph.fresh_name(f"castlike_{op.attrs['to']}"))
             node = helper.make_node("CastLike", [op.inputs[0], like], op.outputs, name=name)
         elif node is None:  # inserted by a pass
-            node = helper.make_node("Cast", op.inputs, op.outputs, name=name, to=dtype_to_onnx(op.attrs["to"]))
+            node = _cast_node(op, name)
         else:
             _rewrite_node(graph, node, op, original)
         scopes[op.scope].append(node)
@@ -84,6 +84,16 @@ def _rewrite_node(graph: PrecisionGraph, node: NodeProto, op, original: dict) ->
         dtype = graph.tensors[outputs[0]].dtype
         if before is not None and dtype != before and dtype in _CODES:  # most ops: dtype unchanged
             _retarget_dtype_attrs(node, dtype)
+
+
+def _cast_node(op, name: str) -> NodeProto:
+    """The Cast node of an inserted cast, as ``helper.make_node`` builds it (the same bytes, a quarter
+    of its time: 16k casts at 100k nodes)."""
+    node = NodeProto(op_type="Cast", input=op.inputs, output=op.outputs)
+    if name:  # proto2: a name set empty would be written
+        node.name = name
+    node.attribute.add(name="to", type=AttributeProto.INT, i=dtype_to_onnx(op.attrs["to"]))
+    return node
 
 
 def _depth(graph: PrecisionGraph, scope: str) -> int:
