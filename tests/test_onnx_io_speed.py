@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import numpy as np
@@ -174,11 +175,27 @@ def test_the_forked_check_raises_what_the_inline_check_raises(tmp_path, monkeypa
 
 
 def test_the_check_is_forked_only_where_it_is_safe_and_pays(monkeypatch) -> None:
-    """Only from the only Python thread, without torch imported, on Linux, from FORK_FROM_NODES nodes."""
+    """Only from the only Python thread, without torch imported, with SIGCHLD at its default, on Linux,
+    from FORK_FROM_NODES nodes; where no process can be had, the check runs inline."""
     big = onnx.ModelProto()
     big.graph.node.extend([onnx.NodeProto()] * validation.FORK_FROM_NODES)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert validation._may_fork(big) == sys.platform.startswith("linux")
     assert not validation._may_fork(_mlp())
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the system: pids reused
+    try:
+        assert not validation._may_fork(big)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
     monkeypatch.setitem(sys.modules, "torch", sys)
     assert not validation._may_fork(big)
+
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(validation, "_may_fork", lambda m: True)
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(ConversionError) as raised:
+        with validation.checking_emitted(_ill_typed(), "m.onnx"):
+            pytest.fail("the check runs first where it runs inline")
+    assert "the converted model fails ONNX's check" in str(raised.value)

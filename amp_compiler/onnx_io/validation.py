@@ -105,14 +105,14 @@ def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nes
     them on the model as it is at entry while the block goes on on another core. The child writes
     nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead of any
     error of the block's own (as when the check ran first); a child that ended without a verdict
-    (killed) is replaced by the check run here. Elsewhere, or on small models, the check runs inline
-    at entry. docs/architecture.md, "ONNX emitter"."""
+    (killed) is replaced by the check run here. Elsewhere, on small models, or where no process can be
+    forked (out of memory), the check runs inline at entry. docs/architecture.md, "ONNX emitter"."""
     check = functools.partial(check_emitted, model, source, list(pending), nested, op_types)
-    if not _may_fork(model):
+    child = _CheckChild.start(check) if _may_fork(model) else None
+    if child is None:
         check()
         yield
         return
-    child = _CheckChild(check)
     try:
         yield
     except Exception:
@@ -127,31 +127,42 @@ def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nes
 def _may_fork(model: ModelProto) -> bool:
     """Large enough to gain, and safe to fork: Linux (fork without exec is unsafe on macOS), called from
     the only Python thread (another could hold a lock the child's Python code needs), torch not
-    imported (its thread pools and any CUDA context are not the child's to inherit). Native library
-    threads may run (numpy's OpenBLAS pool stops itself at a fork): the child runs only onnx's C++."""
+    imported (its thread pools and any CUDA context are not the child's to inherit), SIGCHLD left at
+    its default (the child stays ours to reap: its pid is not reused before). Native library threads
+    may run (numpy's OpenBLAS pool stops itself at a fork): the child runs only onnx's C++."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux") or len(model.graph.node) < FORK_FROM_NODES:
         return False
     return (threading.current_thread() is threading.main_thread() and threading.active_count() == 1
-            and "torch" not in sys.modules)
+            and "torch" not in sys.modules and signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
 
 
 class _CheckChild:
     """``check`` (``check_emitted`` with its arguments) run in a forked child; its verdict comes back
     through a pipe: ``passed``, or the ``ConversionError``'s three parts as JSON."""
 
-    def __init__(self, check: Callable[[], None]) -> None:
-        self._check = check
-        read, write = os.pipe()
+    def __init__(self, check: Callable[[], None], pid: int, read: int) -> None:
+        self._check, self._pid, self._read = check, pid, read
+
+    @classmethod
+    def start(cls, check: Callable[[], None]) -> _CheckChild | None:
+        """Fork the child; None where the system refuses a pipe or a process."""
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return None
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none lands before the child's handlers
         try:
-            self._pid = os.fork()
-            if self._pid == 0:
+            pid = os.fork()
+            if pid == 0:
                 os.close(read)
                 _child(check, write)
+        except OSError:  # ENOMEM, EAGAIN: a process of this size cannot be had
+            os.close(read)
+            return None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        os.close(write)
-        self._read = read
+            os.close(write)
+        return cls(check, pid, read)
 
     def finish(self) -> None:
         """Wait for the verdict; raise the check's ``ConversionError``, or run the check here where
@@ -171,7 +182,10 @@ class _CheckChild:
     def _reap(self) -> bytes:
         with os.fdopen(self._read, "rb") as pipe:
             verdict = pipe.read()
-        os.waitpid(self._pid, 0)
+        try:
+            os.waitpid(self._pid, 0)
+        except ChildProcessError:  # reaped by someone's waitpid(-1): its verdict was read all the same
+            pass
         return verdict
 
 
