@@ -105,8 +105,9 @@ def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nes
     them on the model as it is at entry while the block goes on on another core. The child writes
     nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead of any
     error of the block's own (as when the check ran first); a child that ended without a verdict
-    (killed) is replaced by the check run here. Elsewhere, on small models, or where no process can be
-    forked (out of memory), the check runs inline at entry. docs/architecture.md, "ONNX emitter"."""
+    (killed) is replaced by the check run here, on the model as the block left it. Elsewhere, on
+    small models, or where no process can be forked (out of memory), the check runs inline at entry.
+    docs/architecture.md, "ONNX emitter"."""
     check = functools.partial(check_emitted, model, source, list(pending), nested, op_types)
     child = _CheckChild.start(check) if _may_fork(model) else None
     if child is None:
