@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NoReturn
@@ -101,7 +102,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nested: bool = True,
                      op_types: Iterable[str] | None = None) -> Iterator[None]:
     """``check_emitted`` while the block runs: onnx's checker and inference are C++ holding the GIL
-    (about 1.5 s at 112k nodes), so on Linux, in a process with no other thread, a forked child runs
+    (about 1.5 s at 112k nodes), so on Linux, from the only Python thread, a forked child runs
     them on the model as it is at entry while the block goes on on another core. The child writes
     nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead of any
     error of the block's own (as when the check ran first); a child that ended without a verdict
@@ -153,7 +154,9 @@ class _CheckChild:
             return None
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none lands before the child's handlers
         try:
-            pid = os.fork()
+            with warnings.catch_warnings():  # Python 3.12+ warns of any native thread (OpenBLAS's): see _may_fork
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:
                 os.close(read)
                 _child(check, write)
