@@ -21,6 +21,7 @@ import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from ..dims import names_in
+from .contrib_shapes import add_contrib_rules
 from .inference import placeholder_names
 from .nonzero_ranges import nonzero_as_range
 from .ort_shape_tool import symbolic_shape_infer
@@ -66,6 +67,7 @@ def relate_dims(light: ModelProto, types: dict[str, tuple[int, tuple | None]],
     adopted = ModelProto()
     adopted.CopyFrom(light)
     changed = sum(_adopt(vi, related.get(vi.name), declared) for vi in (*adopted.graph.value_info, *adopted.graph.output))
+    changed += _adopt_missing(adopted, related, declared)
     try:  # the model's own declared shapes must agree (a stale output shape that no dim contradicted did)
         onnx.shape_inference.infer_shapes(adopted, check_type=False, strict_mode=True)
     except Exception:  # noqa: BLE001 - onnx raises InferenceError, or ValueError/RuntimeError
@@ -101,6 +103,7 @@ def _symbolic_shapes(inference_class, model: ModelProto):
     inference = inference_class(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
     inference.dispatcher_.setdefault("Flatten", lambda node: _infer_flatten(inference, node))
     inference.dispatcher_.setdefault("Mod", lambda node: _infer_mod(inference, node))
+    add_contrib_rules(inference)  # ONNX Runtime's own fused ops (ORT_ENABLE_EXTENDED files)
     inference._preprocess(model)
     while inference.run_:
         inference._infer_impl()
@@ -242,6 +245,27 @@ def _adopt_whole(mine: ValueInfoProto, theirs: ValueInfoProto, declared: set[str
         return False
     mine.type.tensor_type.shape.CopyFrom(theirs.type.tensor_type.shape)
     return True
+
+
+def _adopt_missing(model: ModelProto, related: dict[str, ValueInfoProto], declared: set[str]) -> int:
+    """Add ``related``'s shape of each main-graph node output onnx left without any type (an op it has no
+    schema for, ONNX Runtime's ``FusedMatMul``, and a Softmax reading it), where ``_adopt_whole`` would
+    take it; returns how many."""
+    known = {vi.name for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+    known.update(t.name for t in model.graph.initializer)
+    added = 0
+    for node in model.graph.node:
+        for name in node.output:
+            theirs = related.get(name)
+            if not name or name in known or theirs is None or not theirs.type.tensor_type.elem_type:
+                continue
+            mine = ValueInfoProto(name=name)
+            mine.type.tensor_type.elem_type = theirs.type.tensor_type.elem_type
+            if theirs.type.tensor_type.HasField("shape") and _adopt_whole(mine, theirs, declared):
+                model.graph.value_info.append(mine)
+                known.add(name)
+                added += 1
+    return added
 
 
 __all__ = ["relate_dims", "symbolic_model", "unrelated_dims"]
