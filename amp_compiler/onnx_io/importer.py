@@ -128,35 +128,35 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
         while name in ops:
             name = f"{name}_{idx}"
         port_dtypes = set()  # for the port-type check: an op with one dtype on all its ports passes it
-        for out in outputs:
+        for port, out in enumerate(outputs):  # each port linked as it is read (``PrecisionGraph._link``'s work)
             if out:
                 dtype, shape = types.get(out, _UNTYPED)
                 if dtype is None:
                     dtype, shape = _node_output_type(node)
                 if out in tensors:
                     _defined_twice(out, source, scope)
-                tensors[out] = Tensor(out, dtype, shape, ACTIVATION, scope=scope)
+                tensors[out] = Tensor(out, dtype, shape, ACTIVATION, name, port, scope=scope)
                 port_dtypes.add(dtype)
         domain = "" if node_domain in ("", "ai.onnx") else node_domain
         if op_type in ("Constant", "ConstantOfShape") and not domain and outputs and outputs[0]:
             tensors[outputs[0]].stats = _constant_stats(node)
             tensors[outputs[0]].origin = "constant"
-        for inp in inputs:
+        for port, inp in enumerate(inputs):
             if inp:
                 tensor = tensors.get(inp)
                 if tensor is None:
                     raise ConversionError(source, f"node {node_name or name} ({op_type})",
                                           f"input {inp!r} is not produced by any node, graph input or initializer")
+                tensor.consumers.append((name, port))
                 port_dtypes.add(tensor.dtype)
         port_dtypes.discard(None)
         attrs, subgraph_attrs = _read_attributes(attributes) if attributes else ({}, ())
         kind = kinds.of(domain, op_type, len(inputs), len(outputs))
-        op = Op(name, op_type, inputs, outputs, domain=domain, attrs=attrs, scope=scope, canonical=kind.canonical)
-        if kind.groups is not None:
-            op.port_groups = list(kind.groups)
-            if imp.strict and kind.shared_groups and len(port_dtypes) > 1:
-                _check_port_types(graph, op, kind.shared_groups, node, source, idx)
-        graph.add_op(op)
+        op = Op(name, op_type, inputs, outputs, domain, attrs, scope=scope, canonical=kind.canonical,
+                port_groups=[] if kind.groups is None else list(kind.groups))
+        if imp.strict and kind.shared_groups and len(port_dtypes) > 1:
+            _check_port_types(graph, op, kind.shared_groups, node, source, idx)
+        ops[name] = op  # its ports linked above; ``name`` is new (``graph.add_op`` without its checks)
         imp.nodes[name] = node
         for attr_name, subgraphs in subgraph_attrs:
             for k, sub in enumerate(subgraphs):
