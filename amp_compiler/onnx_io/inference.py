@@ -9,12 +9,14 @@ two patterns below. docs/architecture.md, "Input handling".
 
 from __future__ import annotations
 
+import functools
 import re
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import onnx
-from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from onnx import GraphProto, ModelProto, TensorProto, TypeProto, ValueInfoProto
 
 from ..errors import ConversionError
 from .ort_onnx_ops import stand_in_for_inference
@@ -213,14 +215,54 @@ def _type_advice(op: str, message: str) -> str:
 def inferred_types(light: ModelProto, nested: bool = True) -> dict[str, tuple[int, tuple | None]]:
     """``{value name: (elem_type, shape)}`` of the typed values of ``light``'s graphs; ``nested=False``:
     the model has no subgraphs (the structure check found none), so its nodes are not walked."""
+    if not nested:
+        return _main_graph_types(light)
     types: dict[str, tuple[int, tuple | None]] = {}
     memo: dict[bytes, tuple[int, tuple | None]] = {}
-    for g in (g for g, _ in graphs(light.graph, "")) if nested else (light.graph,):
+    for g, _ in graphs(light.graph, ""):
         for vi in (*g.value_info, *g.output):
             code, shape = tensor_type(vi, memo)
             if code:
                 types[vi.name] = (code, shape)
     return types
+
+
+def _main_graph_types(light: ModelProto) -> dict[str, tuple[int, tuple | None]]:
+    """``inferred_types`` of a model without subgraphs, read off its bytes parsed as ``_values_only()``
+    messages, whose ``type`` fields are the ``TypeProto``'s bytes: the memo's keys, without a message
+    built and serialized per value (half the time at 112k values; serializing and parsing cost 0.03 s)."""
+    types: dict[str, tuple[int, tuple | None]] = {}
+    memo: dict[bytes, tuple[int, tuple | None]] = {}
+    g = _values_only().FromString(light.SerializeToString()).graph
+    for vi in (*g.value_info, *g.output):
+        key = vi.type
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = _read_type(TypeProto.FromString(key))
+        if found[0]:
+            types[vi.name] = found
+    return types
+
+
+@functools.cache
+def _values_only() -> type:
+    """A message class that reads a ``ModelProto``'s bytes as its graph's value_info and outputs alone,
+    each as (name, the bytes of its ``TypeProto``); the other fields are left unparsed."""
+    file = descriptor_pb2.FileDescriptorProto(name="amp_compiler_values_only.proto", package="amp_values_only")
+    field = descriptor_pb2.FieldDescriptorProto
+    value = file.message_type.add(name="Value")
+    value.field.add(name="name", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    value.field.add(name="type", number=2, type=field.TYPE_BYTES, label=field.LABEL_OPTIONAL)
+    graph = file.message_type.add(name="Graph")  # GraphProto's field numbers
+    for name, number in (("output", 12), ("value_info", 13)):
+        graph.field.add(name=name, number=number, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED,
+                        type_name=".amp_values_only.Value")
+    model = file.message_type.add(name="Model")  # ModelProto.graph
+    model.field.add(name="graph", number=7, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                    type_name=".amp_values_only.Graph")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("amp_values_only.Model"))
 
 
 def tensor_type(vi: ValueInfoProto, memo: dict[bytes, tuple[int, tuple | None]] | None = None
