@@ -11,7 +11,7 @@ from typing import Callable
 
 from onnx import AttributeProto, ModelProto, TensorProto
 
-from .tensors import DATA_FIELDS
+from .tensors import DATA_FIELDS, approx_nbytes, is_external
 from .wire import is_repeated
 
 #: message types that may contain tensors; the copy walks into them, copies everything else whole
@@ -29,14 +29,53 @@ def skeleton_copy(model: ModelProto, hook: TensorHook, made: list[TensorProto] |
                   main_attributes: list | None = None) -> ModelProto:
     """A copy of ``model`` in which each tensor for which ``hook`` returns entries is external, without data.
 
-    Tensors ``hook`` answers None for are copied as they are. Nothing large is copied. ``made``
+    Tensors ``hook`` answers None for are copied as they are. Nothing large is copied (at most
+    ``_WHOLE_COPY_BYTES`` of data, by a whole copy emptied after: ``_copied_whole``). ``made``
     receives the copy's weight tensors made external (those ``tensors.iter_tensors`` yields: not a
     sparse tensor's indices), so that no walk of the copy has to find them. ``main_attributes``:
     each main-graph node's attribute list, where the caller read them already (``structure.node_rows``).
     """
     out = ModelProto()
+    if main_attributes is not None and _copied_whole(model, main_attributes):
+        out.CopyFrom(model)
+        for t in out.graph.initializer:
+            _make_external(t, hook, made)
+        return out
     _copy_message(model, out, hook, made, main_attributes)
     return out
+
+
+#: tensor data a whole copy may carry along before its tensors are emptied (a field-by-field copy
+#: of 112k nodes took 0.2 s, the whole model's in C 0.02 s)
+_WHOLE_COPY_BYTES = 16 << 20
+
+
+def _copied_whole(model: ModelProto, main_attributes: list) -> bool:
+    """Whether ``skeleton_copy`` may copy ``model`` whole and empty its tensors after: its only tensors
+    are the main graph's initializers, holding little data inline (no node has a tensor or graph
+    attribute, by the attribute's type as ``_copy_nodes`` reads it; no sparse initializer, function
+    or training graph)."""
+    g = model.graph
+    if model.functions or model.training_info or g.sparse_initializer:
+        return False
+    if any(a.type in _PAYLOAD_ATTRS for attrs in main_attributes if attrs for a in attrs):
+        return False
+    return sum(approx_nbytes(t) for t in g.initializer if not is_external(t)) <= _WHOLE_COPY_BYTES
+
+
+def _make_external(t: TensorProto, hook: TensorHook, made: list[TensorProto] | None) -> None:
+    """``copy_tensor``'s result, in place: ``t`` emptied of its data and external at ``hook``'s entries."""
+    entries = hook(t)
+    if entries is None:
+        return
+    for name in (*DATA_FIELDS, "external_data"):
+        t.ClearField(name)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in entries:
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    if made is not None:
+        made.append(t)
 
 
 def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None, attributes: list | None = None) -> None:
