@@ -38,16 +38,20 @@ def merge_duplicates(imp: OnnxImport, keep: set[str] = frozenset()) -> Counter:
     except the ops named in ``keep`` (a ``--deny-node`` names one: it must stay what it names);
     returns how many of each op type were merged."""
     graph = imp.graph
-    by_inputs: dict[tuple, list[Op]] = {}  # (op type, inputs) -> ops so far: most ops share them with none
+    first: dict[tuple, Op] = {}  # (op type, *inputs) -> the first op: most ops share them with none
+    by_inputs: dict[tuple, list[Op]] = {}  # the same, for those that do: the ops so far (no list per op)
     keys: dict[str, tuple | None] = {}  # op name -> ``_key``, worked out only for ops that share them
     merged: Counter = Counter()
     for op in list(graph.ops.values()):
         if op.scope or not any(op.inputs) or op.name in keep:
             continue
-        earlier = by_inputs.setdefault((op.op_type, tuple(op.inputs)), [])
-        earlier.append(op)
-        if len(earlier) == 1:
+        reads = (op.op_type, *op.inputs)
+        if first.setdefault(reads, op) is op:
             continue
+        earlier = by_inputs.get(reads)
+        if earlier is None:
+            earlier = by_inputs[reads] = [first[reads]]
+        earlier.append(op)
         key = _key(graph, imp, op)
         twin = next((o for o in earlier[:-1] if key is not None and _memo(keys, graph, imp, o) == key), None)
         if twin is None or not _movable(graph, op):
