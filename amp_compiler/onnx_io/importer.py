@@ -15,6 +15,7 @@ emitter can apply the plan back onto the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from .validation import infer_types, validate_model
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 _UNTYPED = (None, None)
+_DTYPE = attrgetter("dtype")
 
 
 @dataclass
@@ -84,7 +86,8 @@ def import_model(model: ModelProto, *, registry: Registry | None = None, source:
     imp = OnnxImport(graph, model, strict=validate, base_dir=str(base_dir) if base_dir is not None else None,
                      raw=raw)
     _import_graph(imp, model.graph, "", types, _OpKinds(registry, opsets), source, rows or None)
-    type_untyped(graph)  # behind ops onnx has no schema for (com.microsoft), "Input handling"
+    if None in map(_DTYPE, graph.tensors.values()):  # else no op output to type: no walk of the ops
+        type_untyped(graph)  # behind ops onnx has no schema for (com.microsoft), "Input handling"
     graph.trip_counts = loop_trip_counts(imp) if len(imp.graphs) > 1 else {}  # what the cost model repeats
     graph.inputs = [i.name for i in model.graph.input if i.name not in imp.initializers]
     graph.outputs = [o.name for o in model.graph.output]
