@@ -4,7 +4,9 @@
   subnormals, inf and NaN falling in different slices;
 * weights' bytes are read once: validation hands them to the importer, the emitter folds
   from them, and the FP16 weights are exactly the FP32 ones rounded;
-* a skeleton copy keeps every field of a tensor but its data;
+* a skeleton copy keeps every field of a tensor but its data, and copied whole (then emptied) it is
+  the field-by-field copy; inferred types read off a model's bytes are those of a walk of its values;
+* the port-type check, run once per op kind and port dtypes, still names the first op that fails it;
 * ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone;
 * folded weights cast while the file is written give the model ``.model`` returns;
 * the post-emission check forked beside the report says what it says inline.
@@ -22,10 +24,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler.errors import ConversionError
+from amp_compiler.ir import PrecisionGraph
 from amp_compiler.numerics import _SLICE, ValueStats
 from amp_compiler.onnx_api import convert_onnx
-from amp_compiler.onnx_io import validation
+from amp_compiler.onnx_io import importer, inference, skeleton, validation
 from amp_compiler.onnx_io.skeleton import skeleton_copy
+from amp_compiler.registry import DEFAULT_REGISTRY
 from amp_compiler.onnx_io.validation import validate_model
 
 from .builders import fin, model
@@ -101,6 +105,50 @@ def test_skeleton_copy_keeps_every_field_but_the_data() -> None:
     assert [(p.key, p.value) for p in out.metadata_props] == [("k", "v")]
     assert not out.HasField("raw_data") and out.data_location == TensorProto.EXTERNAL
     assert copy.graph.initializer[1] == model.graph.initializer[1]  # kept inline, whole
+
+
+def test_whole_skeleton_copy_equals_the_field_by_field_copy(monkeypatch) -> None:
+    model = _mlp()
+    model.graph.node.remove(model.graph.node[3])  # the Constant: no tensor attribute left
+    model.graph.node[-1].input[1] = "w1"  # the Add reads something else
+    model.graph.node[-1].op_type = "Mul"
+    main_attributes = [n.attribute[:] for n in model.graph.node]
+    assert skeleton._copied_whole(model, main_attributes)
+    strip = lambda tensor: [("location", "x.data")] if tensor.name == "w2" else None  # noqa: E731
+    made: list = []
+    whole = skeleton_copy(model, strip, made, main_attributes)
+    monkeypatch.setattr(skeleton, "_copied_whole", lambda *_: False)
+    made_by_fields: list = []
+    by_fields = skeleton_copy(model, strip, made_by_fields, main_attributes)
+    assert whole.SerializeToString(deterministic=True) == by_fields.SerializeToString(deterministic=True)
+    assert [t.name for t in made] == [t.name for t in made_by_fields] == ["w2"]
+    assert not skeleton._copied_whole(_mlp(), [n.attribute[:] for n in _mlp().graph.node])  # a tensor attribute
+
+
+def test_inferred_types_read_off_the_bytes_equal_the_walk() -> None:
+    light = onnx.shape_inference.infer_shapes(_mlp())
+    assert len(light.graph.value_info) == 4
+    walked: dict = {}
+    for vi in (*light.graph.value_info, *light.graph.output):
+        walked[vi.name] = inference.tensor_type(vi)
+    assert inference.inferred_types(light, nested=False) == walked
+    assert list(inference.inferred_types(light, nested=False)) == list(walked)
+
+
+def test_the_port_type_check_names_the_first_mismatch_once_a_signature_agreed() -> None:
+    """The check runs once per op kind and port dtypes; a mismatch is never taken for agreement."""
+    info = helper.make_tensor_value_info
+    nodes = [helper.make_node("Add", inputs, [out], name=name)
+             for name, inputs, out in (("ok1", ["a", "b"], "c"), ("ok2", ["a", "b"], "c2"),
+                                       ("bad1", ["c", "h"], "d"), ("bad2", ["c", "h"], "e"))]
+    graph = helper.make_graph(nodes, "g", [info("a", 1, [2]), info("b", 1, [2]), info("h", 10, [2])],
+                              [info("d", 1, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    types = {**importer._collect_types(model, {}, nested=False),
+             **{name: ("float32", (2,)) for name in ("c", "c2", "d", "e")}}  # inference would refuse the model
+    imp = importer.OnnxImport(PrecisionGraph("g"), model, strict=True)
+    with pytest.raises(ConversionError, match=r"node 'bad1' \(Add\): 'c' \(float32\) and 'h' \(float16\) must have"):
+        importer._import_graph(imp, model.graph, "", types, importer._OpKinds(DEFAULT_REGISTRY, {"": 17}), "m")
 
 
 def test_copy_false_converts_the_given_model_in_place() -> None:

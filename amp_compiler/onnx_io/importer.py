@@ -130,7 +130,7 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
             name = f"{scope}/{name}"
         while name in ops:
             name = f"{name}_{idx}"
-        port_dtypes = set()  # for the port-type check: an op with one dtype on all its ports passes it
+        dtypes = []  # each port's dtype, outputs then inputs (None: absent): the port-type check's signature
         for port, out in enumerate(outputs):  # each port linked as it is read (``PrecisionGraph._link``'s work)
             if out:
                 dtype, shape = types.get(out, _UNTYPED)
@@ -139,7 +139,9 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
                 if out in tensors:
                     _defined_twice(out, source, scope)
                 tensors[out] = Tensor(out, dtype, shape, ACTIVATION, name, port, scope=scope)
-                port_dtypes.add(dtype)
+            else:
+                dtype = None
+            dtypes.append(dtype)
         domain = "" if node_domain in ("", "ai.onnx") else node_domain
         if op_type in ("Constant", "ConstantOfShape") and not domain and outputs and outputs[0]:
             tensors[outputs[0]].stats = _constant_stats(node)
@@ -151,14 +153,18 @@ def _import_graph(imp: OnnxImport, g: GraphProto, scope: str, types: dict, kinds
                     raise ConversionError(source, f"node {node_name or name} ({op_type})",
                                           f"input {inp!r} is not produced by any node, graph input or initializer")
                 tensor.consumers.append((name, port))
-                port_dtypes.add(tensor.dtype)
-        port_dtypes.discard(None)
+                dtypes.append(tensor.dtype)
+            else:
+                dtypes.append(None)
         attrs, subgraph_attrs = _read_attributes(attributes) if attributes else ({}, ())
         kind = kinds.of(domain, op_type, len(inputs), len(outputs))
         op = Op(name, op_type, inputs, outputs, domain, attrs, scope=scope, canonical=kind.canonical,
                 port_groups=[] if kind.groups is None else list(kind.groups))
-        if imp.strict and kind.shared_groups and len(port_dtypes) > 1:
-            _check_port_types(graph, op, kind.shared_groups, node, source, idx)
+        if imp.strict and kind.shared_groups:
+            signature = tuple(dtypes)
+            if signature not in kind.agreeing:  # checked once per kind and port dtypes
+                _check_port_types(graph, op, kind.shared_groups, node, source, idx)
+                kind.agreeing.add(signature)
         ops[name] = op  # its ports linked above; ``name`` is new (``graph.add_op`` without its checks)
         imp.nodes[name] = node
         for attr_name, subgraphs in subgraph_attrs:
@@ -181,6 +187,8 @@ class _OpKind:
     canonical: str | None
     groups: tuple[PortGroup, ...] | None  # None: no schema groups (another domain, or no opset for it)
     shared_groups: tuple[PortGroup, ...]  # the groups of two or more ports, whose dtypes must agree
+    #: the port dtypes (``_import_graph``'s signature) seen to agree in every shared group
+    agreeing: set[tuple] = field(default_factory=set, compare=False)
 
 
 class _OpKinds:
