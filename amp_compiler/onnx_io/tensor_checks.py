@@ -33,16 +33,19 @@ _TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "doubl
 
 
 def check_tensors(model: ModelProto, source: str, base_dir: str | Path | None,
-                  raw: dict[str, bytes] | None = None, main_rows: list[tuple] | None = None) -> None:
+                  raw: dict[str, bytes] | None = None, main_rows: list[tuple] | None = None,
+                  nested: bool = True) -> None:
     """Data types, dims and data sizes of every tensor; graph I/O element types.
 
     ``raw`` (the importer's) receives the float32 initializers' ``raw_data`` bytes read for the
     size check (views of the mapped file for those ``mapped.load_hollow`` left there), so that the
     importer and emitter do not copy them out of the proto again. ``main_rows``: the main graph's
-    nodes with their fields as the structure check read them (``structure._node_rows``), if any.
+    nodes with their fields as the structure check read them (``structure._node_rows``), if any;
+    ``nested=False``: the model has no subgraphs (the structure check found none), no attribute is
+    asked for one.
     """
     base = Path(base_dir).resolve() if base_dir is not None else None
-    walked = _walk(model.graph, "", [], main_rows)  # every graph, and its nodes' tensors, in one walk
+    walked = _walk(model.graph, "", [], main_rows, nested)  # every graph, and its nodes' tensors, in one walk
     for where, tensor, initializer in _labelled_tensors(walked):
         data = _check_tensor(tensor, where, source, base)
         if data is not None and raw is not None and initializer and tensor.data_type == TensorProto.FLOAT:
@@ -94,10 +97,12 @@ def _type_text(t: onnx.TypeProto) -> str:
     return f"{name}[{', '.join(dims)}]"
 
 
-def _walk(g: GraphProto, path: str, found: list, rows: list[tuple] | None = None) -> list[tuple[GraphProto, str, list]]:
+def _walk(g: GraphProto, path: str, found: list, rows: list[tuple] | None = None,
+          nested: bool = True) -> list[tuple[GraphProto, str, list]]:
     """``[(graph, path, its nodes' attribute tensors as (label, tensor))]`` for ``g`` and every subgraph
     in ``structure.graphs``' order and paths: each node's attributes read once for both (``rows``:
-    ``g``'s nodes with their attribute lists already read, ``structure._node_rows``)."""
+    ``g``'s nodes with their attribute lists already read, ``structure._node_rows``; ``nested=False``:
+    no attribute holds a graph)."""
     tensors: list[tuple[str, TensorProto]] = []
     found.append((g, path, tensors))
     suffix = f" of subgraph {path}" if path else ""
@@ -108,7 +113,7 @@ def _walk(g: GraphProto, path: str, found: list, rows: list[tuple] | None = None
                 tensors.append((f"{node_label(node, idx)}{suffix} attribute {a.name!r}", a.t))
             for t in a.tensors:
                 tensors.append((f"{node_label(node, idx)}{suffix} attribute {a.name!r}", t))
-            if a.HasField("g") or a.graphs:
+            if nested and (a.HasField("g") or a.graphs):
                 subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
                 for sub in subs:
                     _walk(sub, f"{path + '/' if path else ''}{node.name or node.op_type + str(idx)}.{a.name}", found)

@@ -58,9 +58,9 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     main_rows = check_structure(model, source, opsets, subgraph_paths)
     if rows is not None and main_rows is not None:
         rows.extend(main_rows)
-    check_tensors(model, source, base_dir, raw, main_rows)
-    stand_ins: list[onnx.TensorProto] = []
     nested = bool(subgraph_paths)
+    check_tensors(model, source, base_dir, raw, main_rows, nested)
+    stand_ins: list[onnx.TensorProto] = []
     light = light_copy(model, stand_ins, main_rows, nested)
     run_checker(light, source, stand_ins)
     light, consistent = infer(light, source)
