@@ -8,11 +8,12 @@ one reparametrisation by the step's parameters (a gradient checkpoint's recomput
 the optimizer's own traced update (``optim.trace_update``) — and traced
 with ``make_fx``. Graph inputs, in order: trainable parameters, frozen parameters, buffers,
 optimizer-state tensors, one lr (and betas) per group, scale, growth tracker, accumulated gradients (if
-any), the batch. Outputs: the loss, then the accumulated gradients (accumulating variant)
-or the new parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and,
-with ``keep_grads``, the unscaled gradients (updating variant). A flushing variant
-(``TrainStep.flush``) is an updating one with no batch and no forward: it applies the
-accumulated gradients of an unfinished accumulation (its "loss" output is 0).
+any), the batch's tensors (its tree's leaves, ``train_batch.py``: the tree is rebuilt for the model and
+``loss_fn``). Outputs: the loss, then the accumulated gradients (accumulating variant) or the new
+parameters, new state tensors, scale, tracker, found-inf flag, gradient norm and, with ``keep_grads``,
+the unscaled gradients (updating variant). A flushing variant (``TrainStep.flush``) is an updating one
+with no batch and no forward: it applies the accumulated gradients of an unfinished accumulation (its
+"loss" output is 0).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .errors import ConversionError
 from .fx_io.capture import capture_error
 from .fx_io.capture_failure import tracing_quiet
 from .fx_io.swap import swapped
+from .train_batch import BatchTree, takes_keywords
 
 
 @dataclass
@@ -37,8 +39,9 @@ class Variant:
 
     update: bool  # apply the optimizer (last micro-batch) or only accumulate
     has_acc: bool  # takes accumulated gradients from earlier micro-batches
-    n_batch: int
+    n_batch: int  # batch tensors (the tree's tensor leaves)
     flush: bool = False  # no batch, no forward: apply the accumulated gradients (TrainStep.flush)
+    tree: BatchTree | None = None  # the batch's structure and constants (train_batch.py): the items rebuilt
     state_in: fopt.StateLayout | None = None
     state_out: fopt.StateLayout | None = None
     fp32_nodes: set[str] = field(default_factory=set)
@@ -122,13 +125,15 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
     config, n_acc = setup.config, setup.accumulation_steps
 
     def _forward_backward(data, p, f, b, scale):
-        inputs, targets = data[:len(data) - setup.n_targets], data[len(data) - setup.n_targets:]
+        items = variant.tree.unflatten(list(data)) if variant.tree is not None else tuple(data)
+        inputs, targets = items[:len(items) - setup.n_targets], items[len(items) - setup.n_targets:]
         p_req = [t.detach().requires_grad_(True) for t in p]
         named = {**dict(zip(setup.trainable, p_req)), **dict(zip(setup.frozen, f)), **dict(zip(setup.buffers, b))}
         # forward and backward both see the step's parameters: a gradient checkpoint recomputes its segment
         # during the backward, after functional_call would have put the module's own back (architecture.md, "Training")
         with swapped(setup.model, named):
-            loss = setup.loss_fn(setup.model(*inputs), *targets)
+            outputs = setup.model(**inputs[0]) if takes_keywords(setup.model, inputs) else setup.model(*inputs)
+            loss = setup.loss_fn(outputs, *targets)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 raise ConversionError("compile_training", "loss_fn", f"must return a scalar tensor, got {_what(loss)}")
             with ls.fp32_ops(fp32):

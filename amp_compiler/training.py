@@ -22,6 +22,7 @@ from cost_model.runtime import default_runtime
 
 from . import loss_scale as ls
 from . import optim as fopt
+from . import train_batch as tb
 from .errors import ConversionError
 from .fx_io.capture import views_as_reshapes
 from .fx_io.flags import RESTLESS, FlagWatch
@@ -52,20 +53,27 @@ def _is_sign(value: Any) -> bool:
 
 def _family(key: tuple) -> tuple:
     """A capture key with its batch shapes reduced to ranks: the keys one symbolic capture may serve
-    (a flush's, whose batch is ``None``, is its own)."""
-    ranks = None if key[2] is None else tuple((len(shape), dtype) for shape, dtype in key[2])
+    (a flush's, whose batch is ``None``, is its own). A key's batch is ``(tree, shapes)``: the batch's
+    structure and constants (``train_batch.BatchTree``), its tensors' shapes and dtypes."""
+    ranks = None if key[2] is None else (key[2][0], tuple((len(shape), dtype) for shape, dtype in key[2][1]))
     return (*key[:2], ranks, *key[3:])
 
 
+def _shapes(key: tuple) -> tuple:
+    """The batch tensors' shapes of a capture key (none for a flush's)."""
+    return () if key[2] is None else tuple(shape for shape, _ in key[2][1])
+
+
 class TrainStep:
-    """``loss = step(*batch)``: one micro-batch; every ``accumulation_steps``-th call updates, and
-    ``step.flush()`` applies an unfinished accumulation (the end of an epoch)."""
+    """``loss = step(*batch)``: one micro-batch (a dict batch: ``step(batch)`` or ``step(**batch)``); every
+    ``accumulation_steps``-th call updates, and ``step.flush()`` applies an unfinished accumulation (the
+    end of an epoch)."""
 
     def __init__(self, setup: Setup, example_batch: tuple, plan_options: dict[str, Any],
                  backend: str | None = None, max_captures: int = 8) -> None:
         self.setup, self.plan_options, self.backend, self.max_captures = setup, plan_options, backend, max_captures
         self.model, self.optimizer, self.config = setup.model, setup.optimizer, setup.config
-        self._spec = [(t.dim(), t.dtype) for t in example_batch]
+        self._template = tb.template(example_batch, "the example batch")  # what every batch must be like
         self._params = dict(self.model.named_parameters())
         self._dtypes = {n: p.dtype for n, p in self._params.items()}
         self._buffers = dict(self.model.named_buffers())
@@ -86,20 +94,23 @@ class TrainStep:
         self.report_nodes: dict[str, str] = {}
         self._hooks = HookWatch(self.model)  # hooks registered later are not in the captures: said
         self._flags = FlagWatch(self.model)  # Python flags the trace bakes in: part of the key (fx_io/flags.py)
-        self._select(tuple(example_batch))
+        self._select(*tb.flatten(example_batch))
         self._swaps = SwapWatch(self.model)  # after the first capture, whose forward may set attributes
 
     # -- running --------------------------------------------------------------------------------
-    def __call__(self, *batch: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
-        if named or (len(batch) == 1 and isinstance(batch[0], Mapping)):
-            _refuse_mapping(named or batch[0], "step(...)'s batch")
-        self._check_batch(batch)
+    def __call__(self, *batch: Any, **named: Any) -> torch.Tensor:
+        if named and batch:
+            raise ValueError("compile_training: pass the step's batch positionally, step(*batch) or step(batch) "
+                             "for a dict, or as keywords, step(**batch), not both")
+        items = tb.plain((named,) if named else batch)
+        tb.check_like(self._template, items)  # before anything runs or changes
+        batch, tree = tb.flatten(items)
         self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
         check_no_sync(self.setup.ddp, self._micro + 1, self.setup.accumulation_steps)
         fopt.refuse_step_hooks(self.optimizer)  # one registered after compile_training would never run
         self._check_not_replaced()
         n_captures = len(self._captures)
-        cap = self._select(batch)
+        cap = self._select(batch, tree)
         if len(self._captures) != n_captures:  # a capture runs the forward's Python, which may set attributes
             self._swaps.reset()
         v = cap.variant
@@ -228,19 +239,7 @@ class TrainStep:
                 *(self._acc if v.has_acc else []), *batch]
 
     # -- captures -------------------------------------------------------------------------------
-    def _check_batch(self, batch: tuple) -> None:
-        """A batch unlike the example is refused before anything runs or changes."""
-        if len(batch) != len(self._spec):
-            raise ValueError(f"compile_training: the step takes {len(self._spec)} batch tensors "
-                             f"(like the example batch), got {len(batch)}")
-        for i, (t, (dim, dtype)) in enumerate(zip(batch, self._spec)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"compile_training: batch item {i} is a {type(t).__name__}, the example's is a tensor")
-            if t.dim() != dim or t.dtype != dtype:
-                raise ValueError(f"compile_training: batch item {i} is {t.dtype} with {t.dim()} dims, "
-                                 f"the example's is {dtype} with {dim} dims")
-
-    def _select(self, batch: tuple) -> _Capture:
+    def _select(self, batch: list[torch.Tensor], tree: tb.BatchTree) -> _Capture:
         moved = next((n for n, p in self._params.items() if p.dtype != self._dtypes[n]), None)
         if moved is not None:  # it had failed inside the graph ('mat1 and mat2 must have the same dtype')
             raise ValueError(f"compile_training: parameter {moved} is {self._params[moved].dtype} now, "
@@ -252,15 +251,15 @@ class TrainStep:
         update = self._micro + 1 >= n_acc
         has_acc = self._micro > 0
         states = self._states() if update else []
-        key = (update, has_acc, tuple((tuple(t.shape), t.dtype) for t in batch),
+        key = (update, has_acc, (tree, tuple((tuple(t.shape), t.dtype) for t in batch)),
                fopt.state_layout(states).signature() if update else None,
                fopt.hyper_key(self.optimizer) if update else None, module_modes(self.model),
                tuple(n for n, p in self._params.items() if p.requires_grad), self._flags.values())
         cap = self._captures.get(key) or self._taken.get(key) or self._symbolic_taking(key, batch)
         if cap is None and self._flag_changed(key):
-            return self._select(batch)  # a counter was dropped from the watch: keyed again
+            return self._select(batch, tree)  # a counter was dropped from the watch: keyed again
         if cap is None:
-            cap = self._capture(key, Variant(update, has_acc, len(batch)), states, batch)
+            cap = self._capture(key, Variant(update, has_acc, len(batch), tree=tree), states, batch)
             after = self._flags.values()
             if after != key[-1]:  # the traced forward wrote them: state, not flags
                 self._rekey(self._flags.forget(key[-1], after))
@@ -324,7 +323,7 @@ class TrainStep:
         if len(self._captures) >= self.max_captures:
             raise ConversionError("compile_training", *self._why_new_capture(key, batch))
         family = _family(key)
-        seen = [tuple(shape for shape, _ in k[2]) for k in (*self._captures, *self._taken) if _family(k) == family] \
+        seen = [_shapes(k) for k in (*self._captures, *self._taken) if _family(k) == family] \
             if not variant.flush else []
         shapes = tuple(tuple(t.shape) for t in batch)
         # dims that took another size are traced symbolic, unless that failed for this kind before
@@ -352,7 +351,7 @@ class TrainStep:
             symbolic = (f"; batch dims {sorted(traced.symbols)} traced symbolic, so later sizes reuse it"
                         if traced.symbols else "")
             warnings.warn(f"compile_training: capturing step variant {len(self._captures) + 1} "
-                          f"(batch shapes {[tuple(t.shape) for t in batch]}, "
+                          f"({self._what_batch(key, batch)}, "
                           f"{'update' if variant.update else 'accumulate'}{symbolic})",
                           stacklevel=user_stacklevel())
         gm = traced.gm
@@ -411,8 +410,17 @@ class TrainStep:
                     f"{limit}: {self._hyper_advice(changed)}, or raise max_captures")
         if key[2] is None:
             return ("step.flush()", f"{limit} (the update alone, captured on the first flush): raise max_captures")
-        return (f"batch shapes {[tuple(t.shape) for t in batch]}",
-                f"{limit}: pad or bucket the shapes, or raise max_captures")
+        what = self._what_batch(key, batch)
+        fix = "pad or bucket the shapes" if what.startswith("batch shapes") else "keep them constant"
+        return what, f"{limit}: {fix}, or raise max_captures"
+
+    def _what_batch(self, key: tuple, batch: list[torch.Tensor]) -> str:
+        """What is new about a batch: its constants (a bool or int leaf, ``train_batch.py``) when a capture
+        has its shapes, else its shapes."""
+        tree, shapes = key[2]
+        other = next((k[2][0] for k in self._captures if k[2] is not None and k[2][1] == shapes), None)
+        changed = tree.changed_constants(other) if other is not None else ""
+        return f"batch constants {changed}" if changed else f"batch shapes {[tuple(t.shape) for t in batch]}"
 
     def _warn_if_fp32(self, report) -> None:
         summary = report.summary
@@ -431,7 +439,7 @@ class TrainStep:
     def captures(self) -> list[dict[str, Any]]:
         """One row per captured variant: batch shapes, whether it updates, and whether it is ``flush()``'s
         (no batch), bounded by max_captures."""
-        return [{"update": k[0], "accumulated": k[1], "batch_shapes": [s for s, _ in k[2] or ()],
+        return [{"update": k[0], "accumulated": k[1], "batch_shapes": list(_shapes(k)),
                  "flush": k[2] is None} for k in self._captures]
 
     # -- state ------------------------------------------------------------------------------------
@@ -534,19 +542,6 @@ def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max
                  wrapper if all_reduce is not None else None)
 
 
-def _refuse_mapping(batch: Any, what: str) -> None:
-    """A dict batch (a collator's ``BatchEncoding``) is refused naming the tuple the step takes; it had
-    read "must hold tensors only, got a str" (the dict's keys)."""
-    if not isinstance(batch, Mapping):
-        return
-    keys = ", ".join(repr(k) for k in list(batch)[:4])
-    raise ValueError(f"compile_training: {what} is a {type(batch).__name__} ({keys}): the step takes tensors "
-                     f"in order, the model's positional inputs then n_targets targets, e.g. "
-                     f"(batch['input_ids'], batch['labels']) with loss_fn(outputs, labels); for keyword inputs "
-                     f"(a model computing its own loss from labels=), wrap the model in a module whose forward "
-                     f"takes them positionally and returns the loss, with loss_fn=lambda loss: loss, n_targets=0")
-
-
 def _check_sparse(model: torch.nn.Module) -> None:
     """Refuse a trainable ``nn.Embedding``/``nn.EmbeddingBag(sparse=True)``: its gradient is sparse, and
     the captured step's are dense tensors (tracing one failed inside aten, on the SparseCPU backend).
@@ -562,7 +557,7 @@ def _check_sparse(model: torch.nn.Module) -> None:
 def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                      example_batch: tuple, *, loss_scale: Any = "dynamic", target: str = "h100",
                      dtype: torch.dtype | str = torch.float16, backend: str | None = None,
-                     planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int = 1,
+                     planner: str = "optimal", allow=(), deny=(), deny_nodes=(), n_targets: int | None = None,
                      init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000, deny_propagation: bool = True,
                      accumulation_steps: int = 1, max_grad_norm: float | None = None, keep_grads: bool = False,
@@ -570,9 +565,13 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                      objective: str = "time") -> TrainStep:
     """A captured, mixed-precision training step: ``loss = step(*batch)``.
 
-    ``batch`` is the model's inputs followed by ``n_targets`` targets; the loss is
+    ``batch`` is the model's inputs followed by ``n_targets`` targets (default 1); the loss is
     ``loss_fn(model(*inputs), *targets)`` (a scalar), returned detached: the step has run the backward
-    and the update (an eager loop's ``loss.backward()`` and ``optimizer.step()`` go).
+    and the update (an eager loop's ``loss.backward()`` and ``optimizer.step()`` go). A batch item may
+    be a dict, list or tuple of tensors (nested; None/bool/int/float/str leaves are constants of the
+    capture). A dict batch (a Hugging Face collator's) is the model's keyword inputs:
+    ``loss_fn(model(**batch))``, with ``n_targets=0`` by default, e.g. ``loss_fn=lambda out: out.loss``
+    and ``step(batch)``; a lone dict whose keys the forward does not take is passed as one argument.
     ``optimizer`` is any ``torch.optim`` optimizer but LBFGS/SparseAdam/Adafactor; its own update is
     traced, its lr read at every step and its state kept in ``optimizer.state``. ``model`` may be
     wrapped in DistributedDataParallel.
@@ -598,11 +597,14 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                                  growth_interval=growth_interval)
     if config.mode == "dynamic":
         config = ls.LossScaleConfig("dynamic", init_scale, growth_factor, backoff_factor, growth_interval)
-    _refuse_mapping(example_batch, "the example batch")
-    example_batch = tuple(example_batch)
-    bad = [type(t).__name__ for t in example_batch if not isinstance(t, torch.Tensor)]
-    if bad:
-        raise ValueError(f"compile_training: the example batch must hold tensors only, got a {bad[0]}")
+    example_batch = tb.plain((example_batch,) if isinstance(example_batch, Mapping) else tuple(example_batch))
+    tb.template(example_batch, "the example batch")  # a leaf neither a tensor nor a constant: refused first
+    if n_targets is None:  # a lone dict holds the labels the model computes its loss from (model(**batch).loss)
+        n_targets = 0 if len(example_batch) == 1 and isinstance(example_batch[0], dict) else 1
+    if not isinstance(n_targets, int) or not 0 <= n_targets < max(len(example_batch), 1):
+        raise ValueError(f"compile_training: n_targets={n_targets!r} with an example batch of {len(example_batch)} "
+                         f"item(s): the batch is the model's inputs, then n_targets targets for loss_fn (none "
+                         f"for a dict batch whose labels the model takes: n_targets=0)")
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
                    max_grad_value)
     refuse_meta(setup.model, example_batch, "compile_training")

@@ -105,24 +105,108 @@ class _Named(torch.nn.Module):
         return {"logits": logits} if labels is None else {"loss": F.cross_entropy(logits, labels), "logits": logits}
 
 
-def test_a_dict_batch_and_a_loss_less_output_name_what_the_step_takes():
-    """A collator's dict batch had been "must hold tensors only, got a str" (its keys), and an output
-    without a loss "return its loss tensor (out[the loss's key])"."""
+def test_a_loss_less_output_names_what_the_step_takes():
+    """An output without a loss had read "return its loss tensor (out[the loss's key])"."""
     model = _Named()
     x, y = _batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=r"the example batch is a dict \('x', 'labels'\): the step takes tensors "
-                                         r"in order.*loss_fn=lambda loss: loss, n_targets=0"):
-        compile_training(model, lambda out: out["loss"], opt, {"x": x, "labels": y}, n_targets=0)
     with pytest.raises(ConversionError, match=r"got a dict \('logits'\) with no 'loss'.*given labels="):
         compile_training(model, lambda out, labels: out, opt, (x, y))
     step = _quiet_compile(model, lambda out: out["loss"], opt, (x, y), n_targets=0)
-    for call in (lambda: step({"x": x, "labels": y}), lambda: step(x=x, labels=y)):
-        with pytest.raises(ValueError, match=r"step\(...\)'s batch is a dict \('x', 'labels'\)"):
-            call()
+    with pytest.raises(ValueError, match=r"takes 2 batch tensors \(like the example batch\), got 1 \(a dict: "
+                                         r"\('x', 'labels'\)\)"):
+        step(x=x, labels=y)  # compiled for positional tensors
     before = model.linear.weight.detach().clone()
     step(x, y)  # positionally, the model's own loss (labels=) trains
     assert not torch.equal(before, model.linear.weight)
+
+
+def _tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32, bos_token_id=0,
+                                     eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_a_hugging_face_dict_batch_trains_as_model_of_its_keywords_does_in_eager():
+    """``model(**batch).loss``, the Hugging Face habit, had been refused ("the step takes tensors in order"):
+    a dict batch (a collator's ``BatchEncoding``) is the model's keyword inputs, its None and bool entries
+    constants of the capture; ``step(batch)`` and ``step(**batch)`` both take it, as eager's loop does."""
+    transformers = pytest.importorskip("transformers")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (4, 8), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    batch = transformers.BatchEncoding({"input_ids": ids, "attention_mask": mask, "labels": ids,
+                                        "token_type_ids": None, "use_cache": False})
+    eager, captured = _tiny_gpt2(), _tiny_gpt2()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    step = _quiet_compile(captured, lambda out: out.loss, torch.optim.SGD(captured.parameters(), lr=0.1), batch)
+    for i in range(3):
+        loss = step(batch) if i % 2 == 0 else step(**batch)
+        opt.zero_grad()
+        eager_loss = eager(**batch).loss
+        eager_loss.backward()
+        opt.step()
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-6)
+    for (name, a), (_, b) in zip(eager.named_parameters(), captured.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert len(step.captures) == 1
+    assert step.captures[0]["batch_shapes"] == [(4, 8), (4, 8), (4, 8)]  # the tensors; None and False are constants
+    with pytest.raises(ValueError, match=r"batch has the keys \('input_ids', 'labels'\), the example's "
+                                         r"\('input_ids', 'attention_mask', 'labels', 'token_type_ids', 'use_cache'\)"):
+        step({"input_ids": ids, "labels": ids})
+
+
+class _Nested(torch.nn.Module):
+    """A model of nested inputs: a (features, extra) pair and a dict taken as one argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(16, 4)
+        self.gate = torch.nn.Linear(16, 4)
+
+    def forward(self, pair: tuple, batch: dict) -> torch.Tensor:
+        x, extra = pair
+        out = self.linear(x) * batch["scale"]
+        return out + self.gate(extra["z"]) if batch["add"] else out - self.gate(extra["z"])
+
+
+def test_nested_batches_and_their_constants_key_the_captures_and_match_eager():
+    """Tuples, lists and dicts nest in a batch; a bool leaf (a flag the forward branches on) is a constant
+    of the capture: another value is a capture of its own, not the first one's branch run again."""
+    x, y = _batch()
+    z = torch.randn(64, 16, generator=torch.Generator().manual_seed(3))
+
+    def batch(add):
+        return ((x, {"z": z}), {"scale": torch.full((1,), 0.5), "add": add}, y)
+
+    eager, captured = _Nested(), _Nested()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"batch item 1\['scale'\] of the example batch is a ndarray"):
+        compile_training(captured, F.cross_entropy, torch.optim.SGD(captured.parameters(), lr=0.1),
+                         ((x, {"z": z}), {"scale": z.numpy(), "add": True}, y))
+    step = _quiet_compile(captured, F.cross_entropy, torch.optim.SGD(captured.parameters(), lr=0.1), batch(True))
+    said_new = []
+    for add in (True, False, True, False):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            loss = step(*batch(add))
+        if not add and not said_new:
+            said_new = [str(w.message) for w in said]
+        opt.zero_grad()
+        eager_loss = F.cross_entropy(eager(*batch(add)[:2]), y)
+        eager_loss.backward()
+        opt.step()
+        torch.testing.assert_close(loss, eager_loss.detach(), rtol=1e-5, atol=1e-6)
+    for (name, a), (_, b) in zip(eager.named_parameters(), captured.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert len(step.captures) == 2  # one per value of the constant, which the warning names
+    assert any("capturing step variant 2 (batch constants batch item 1['add']=False, update)" in m for m in said_new)
+    with pytest.raises(ValueError, match=r"batch item 0\[1\]\['z'\] is a float, the example's is a tensor"):
+        step((x, {"z": 1.0}), {"scale": torch.ones(1), "add": True}, y)
 
 
 @pytest.mark.parametrize("make", [
