@@ -11,7 +11,10 @@ Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes
 ``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
 requires grad), ``on_report`` (a callable that receives each graph's ``Report`` when it is
 planned) and ``on_run`` (one called with that ``Report`` each time the graph runs: which plan a
-call used, when dynamo picks among several).
+call used, when dynamo picks among several) and ``reuse`` (a dict the caller keeps: a graph
+identical to one planned before, same code, inputs, weights and mode, gets that plan's runner
+and report back instead of a new plan; dynamo compiles the same graph again for guards that do
+not change it, such as ``torch.inference_mode()``'s dispatch keys after ``torch.no_grad()``).
 The last reports are also kept in ``amp_compiler.backend.reports``.
 
 Weights reach dynamo graphs as inputs. For inference their FP16 copies are made once and
@@ -48,7 +51,8 @@ from .report import Report
 NAME = "amp_compiler"
 _PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
                  "deny_propagation", "objective")
-_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "on_run", "source", "deploy"))
+_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "on_run", "source", "deploy",
+                                     "reuse"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)
 
@@ -70,6 +74,10 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     training = opts.get("training")
     if training is None:
         training = torch.is_grad_enabled() and any(s.is_parameter and s.value.requires_grad for s in specs.values())
+    reuse = opts.get("reuse")
+    same = _graph_key(gm, example_inputs, specs, bool(training)) if reuse is not None else None
+    if same is not None and same in reuse:
+        return reuse[same]
     if training:
         check_dynamo_graph(gm, source)  # its backward() would be lost in the retrace
     aten = dynamo_aten_graph(gm, example_inputs, source, training=bool(training))
@@ -99,16 +107,41 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
         inner = compile_fx(views_as_reshapes(aten), list(example_inputs))
     on_run = opts.get("on_run")
     if not folded.entries and on_run is None:
-        return inner
+        runner = inner
+    else:
+        def runner(*args: Any) -> Any:
+            if on_run is not None:
+                on_run(report)
+            if folded.entries:
+                folded.refresh(aten, args)
+            return inner(*args)
 
-    def run(*args: Any) -> Any:
-        if on_run is not None:
-            on_run(report)
-        if folded.entries:
-            folded.refresh(aten, args)
-        return inner(*args)
+    if same is not None:
+        reuse[same] = runner
+    return runner
 
-    return run
+
+def _graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], specs: dict, training: bool) -> Any:
+    """What a plan of dynamo's graph ``gm`` depends on: its code, each input's shape (symbols by name),
+    strides, dtype, device and ``requires_grad``, the identity of its weights, which inputs hold values
+    FP16 cannot (planned FP32), and the mode. Not the dispatch keys dynamo also guards on: under
+    ``torch.inference_mode()`` a tensor has no autograd keys, and the same graph runs the same.
+    ``None`` when an input is neither a tensor nor a number (not compared)."""
+    inputs = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            weight = id(specs[i].value) if i in specs else None
+            peak = weight is None and beyond_fp16(x)
+            fake = placeholders[i].meta.get("example_value") if i < len(placeholders) else None
+            like = fake if isinstance(fake, torch.Tensor) else x  # dynamo's, with its symbolic sizes
+            inputs.append((tuple(str(n) for n in like.shape), tuple(str(n) for n in like.stride()), x.dtype,
+                           x.device, x.requires_grad, weight, peak))
+        elif isinstance(x, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            inputs.append((type(x).__name__, str(x)))
+        else:
+            return None
+    return gm.code, tuple(inputs), training
 
 
 def register() -> None:

@@ -33,7 +33,8 @@ class DynamoRoute:
         self.model, self.source = model, source
         self.cache = PlanCache(limit)
         self._ran: list[Report] = []  # the reports of the graphs the current call ran, in order
-        options = {**opts, "on_run": lambda report: self._ran.append(report)}
+        self._reuse: dict = {}  # graphs planned, by what their plan depends on (backend.py, reuse)
+        options = {**opts, "on_run": lambda report: self._ran.append(report), "reuse": self._reuse}
         self.compiled = torch.compile(model, backend=functools.partial(amp_compiler_backend, options=options),
                                       dynamic=None)
 

@@ -171,3 +171,38 @@ def test_runs_that_capture_on_two_threads_take_turns_instead_of_deadlocking():
         t.join(timeout=10)
     assert done == [True, True]  # neither thread is stuck
     assert overlaps == [1, 1]  # one capture at a time
+
+
+class _Branchy(torch.nn.Module):
+    """A branch on a tensor's value: torch.export refuses it, so the dynamo route captures it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h) if h.sum() > 0 else self.b(-h)
+
+
+@pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
+def test_inference_mode_after_no_grad_reuses_the_dynamo_routes_plan(options):
+    """Dynamo guards on the inputs' dispatch keys, which ``torch.inference_mode()`` changes (no autograd
+    keys; an inference tensor has fewer still): the same graph compiled again had been planned again, a
+    second plan (and a third for an input made under inference_mode) of the same graph."""
+    model, x = _Branchy().eval(), torch.randn(4, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        amp = amp_compiler.compile(model, (x,), **options)
+    assert amp.capture.startswith("torch.compile (dynamo")
+    with torch.no_grad():
+        expected = amp(x)
+    assert amp.plans == 1
+    with torch.inference_mode():
+        outs = [amp(x), amp(x.clone())]  # a normal tensor, then an inference tensor
+    assert amp.plans == 1
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same plan ran
+    with torch.no_grad():
+        torch.testing.assert_close(expected, model(x), rtol=1e-2, atol=1e-2)
