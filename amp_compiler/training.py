@@ -597,6 +597,10 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
                                  growth_interval=growth_interval)
     if config.mode == "dynamic":
         config = ls.LossScaleConfig("dynamic", init_scale, growth_factor, backoff_factor, growth_interval)
+    if isinstance(example_batch, torch.Tensor):  # tuple() would split it into its rows: a silent misuse
+        raise ValueError(f"compile_training: the example batch is one tensor of shape {tuple(example_batch.shape)}; "
+                         "the step takes a tuple of the model's inputs then its targets, e.g. (x, y), or (x,) with "
+                         "n_targets=0 where the loss reads the output alone")
     example_batch = tb.plain((example_batch,) if isinstance(example_batch, Mapping) else tuple(example_batch))
     tb.template(example_batch, "the example batch")  # a leaf neither a tensor nor a constant: refused first
     if n_targets is None:  # a lone dict holds the labels the model computes its loss from (model(**batch).loss)

@@ -121,6 +121,17 @@ def test_a_loss_less_output_names_what_the_step_takes():
     assert not torch.equal(before, model.linear.weight)
 
 
+def test_an_example_batch_of_one_tensor_is_refused_not_split_into_rows():
+    """``tuple(x)`` had split a bare tensor batch into its rows: the first rows the model's inputs,
+    the last its target, and the step trained on that without a word."""
+    model = _Named()
+    x, _ = _batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"example batch is one tensor of shape \(\d+, \d+\).*\(x, y\), or \(x,\) "
+                                         r"with n_targets=0"):
+        compile_training(model, lambda out: out["loss"], opt, x)
+
+
 def _tiny_gpt2():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
