@@ -65,9 +65,10 @@ def _keep_unconverted_masks(graph: PrecisionGraph) -> None:
                 t.saturate_to = None
 
 
-def _mismatched_unit_ports(graph: PrecisionGraph):
-    """``op.name/port`` of each float unit port whose tensor's dtype is not the op's precision."""
-    tensors = graph.tensors
+def _mismatched_unit_ports(graph: PrecisionGraph) -> list[str]:
+    """``op.name/port`` of each float unit port whose tensor's dtype is not the op's precision (ports
+    read by index: half the work of zipping names with roles, on every op of the graph)."""
+    tensors, bad = graph.tensors, []
     for op in graph.ops.values():
         precision = op.precision
         if precision is None:
@@ -75,11 +76,10 @@ def _mismatched_unit_ports(graph: PrecisionGraph):
         for kind, names, roles in (("in", op.inputs, op.input_roles), ("out", op.outputs, op.output_roles)):
             if UNIT not in roles:
                 continue
-            for port, (name, role) in enumerate(zip(names, roles)):
-                if role == UNIT and name:
-                    dtype = tensors[name].dtype
-                    if dtype != precision and is_float(dtype):
-                        yield f"{op.name} {kind}[{port}]"
+            for port, name in enumerate(names):
+                if roles[port] == UNIT and name and tensors[name].dtype != precision and is_float(tensors[name].dtype):
+                    bad.append(f"{op.name} {kind}[{port}]")
+    return bad
 
 
 def _retype_outputs(graph: PrecisionGraph) -> None:
@@ -92,9 +92,12 @@ def _retype_outputs(graph: PrecisionGraph) -> None:
                 tensors[name].dtype = op.precision
 
 
-def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, ctx: PlanContext) -> dict[str, list]:
-    """dtype -> consumer ports wanting it (``("output", None)`` for a kept graph output)."""
-    want: dict[str, list] = {}
+def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, unless: str | None = None) -> dict[str, list]:
+    """dtype -> consumer ports wanting it, leaving out ``unless`` and None (what needs no cast).
+
+    Most tensors' readers all want the dtype the tensor has: they get an empty dict, with no list
+    or dict built along the way (one call per tensor of the graph)."""
+    want = _NOTHING
     ops = graph.ops
     for consumer in t.consumers:
         op = ops[consumer[0]]
@@ -106,12 +109,18 @@ def _wanted(graph: PrecisionGraph, t: Tensor, original: str | None, ctx: PlanCon
             continue
         else:
             dtype = original
-        ports = want.get(dtype)
-        if ports is None:
-            want[dtype] = [consumer]
+        if dtype == unless or dtype is None:
+            continue
+        if want is _NOTHING:
+            want = {dtype: [consumer]}
+        elif dtype in want:
+            want[dtype].append(consumer)
         else:
-            ports.append(consumer)
+            want[dtype] = [consumer]
     return want
+
+
+_NOTHING: dict = {}  # _wanted's answer when no reader needs a cast (never written to)
 
 
 def _retype_free_inputs(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> None:
@@ -122,7 +131,7 @@ def _retype_free_inputs(graph: PrecisionGraph, ctx: PlanContext, original: dict)
     for name in graph.inputs:
         t = graph.tensors[name]
         if t.dtype in FLOAT_DTYPES:
-            want = _wanted(graph, t, t.dtype, ctx)
+            want = _wanted(graph, t, t.dtype)
             if len(want) == 1:
                 t.dtype = next(iter(want))
 
@@ -141,10 +150,7 @@ def _insert_casts(graph: PrecisionGraph, ctx: PlanContext, original: dict) -> tu
             new_ops.setdefault(_anchor(graph, inner), []).append(out_cast)
             inserted += 1
             t = inner
-        want = _wanted(graph, t, source_dtype, ctx)
-        for dtype, ports in want.items():
-            if dtype == t.dtype or dtype is None:
-                continue
+        for dtype, ports in _wanted(graph, t, source_dtype, unless=t.dtype).items():
             if t.kind == CONSTANT and not runtime_cast(graph, t, ctx):
                 new = _fold_constant(graph, t, dtype)
                 folded += 1
