@@ -37,6 +37,7 @@ from __future__ import annotations
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import ANY, FIXED, OTHER, UNIT, Op, PrecisionGraph
 from collections import Counter
+from operator import attrgetter
 from math import prod
 
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, INFER, UNKNOWN, OpDef
@@ -60,9 +61,12 @@ class ClassifyPass(Pass):
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         registry = ctx.registry or DEFAULT_REGISTRY
-        before = snapshot(graph, *_DECIDES)
+        fresh = _unclassified(graph)
+        before = None if fresh else snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
         roles: dict[tuple, tuple] = {}  # what _assign_roles decided, per everything it reads
+        dtype_of = {name: t.dtype for name, t in graph.tensors.items()}  # each port's dtype, one lookup
+        dtype_of[""] = None  # an absent optional port
         for op in graph.ops.values():
             if op.inserted:
                 continue
@@ -71,10 +75,17 @@ class ClassifyPass(Pass):
             if op.canonical == "reduce_sum" and op.op_class == DENY and op.reason == _registry_reason(row):
                 op.op_class, op.reason = _small_sum(graph, op) or (op.op_class, op.reason)
             op.tensor_core = bool(row and row.tensor_core)
-            _assign_roles(graph, op, row, ctx, roles)
+            _assign_roles(dtype_of, op, row, ctx, roles)
             counts[op.op_class] = counts.get(op.op_class, 0) + 1
         details = ", ".join(f"{counts[c]} {c}" for c in sorted(counts)) + apply_user_rules(graph, ctx)
-        return PassResult(graph, snapshot(graph, *_DECIDES) != before, details)
+        modified = bool(counts) if fresh else snapshot(graph, *_DECIDES) != before
+        return PassResult(graph, modified, details)
+
+
+def _unclassified(graph: PrecisionGraph) -> bool:
+    """Whether no op has a class yet (a graph fresh from an importer): then classifying any op changes
+    the graph, and no before/after snapshot of every op is needed to say so."""
+    return not any(map(attrgetter("op_class"), graph.ops.values()))
 
 
 def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
@@ -123,23 +134,20 @@ def _small_sum(graph: PrecisionGraph, op: Op) -> tuple[str, str] | None:
                    f"(sums of more than {SMALL_SUM} stay deny)")
 
 
-def _assign_roles(graph: PrecisionGraph, op: Op, row: OpDef | None, ctx: PlanContext,
-                  memo: dict[tuple, tuple] | None = None) -> None:
+def _assign_roles(dtype_of: dict[str, str | None], op: Op, row: OpDef | None, ctx: PlanContext,
+                  memo: dict[tuple, tuple]) -> None:
     """Set the op's port roles, ``forbid_low`` and ``source_dtype`` (rules 3-6 and 8). They depend
     only on the key below, so ops alike (a graph of repeated layers) are worked out once in ``memo``
     (rows and port groups are shared objects alive for the pass: keyed by identity, as a frozen
-    dataclass hashes field by field in Python)."""
+    dataclass hashes field by field in Python). ``dtype_of``: tensor name -> dtype, "" -> None."""
     known = row is not None or op.op_class == ALLOW  # an unknown op the user allows: plan its float ports
-    tensors = graph.tensors
-    in_dtypes = tuple([tensors[name].dtype if name else None for name in op.inputs])  # read once per op
-    out_dtypes = tuple([tensors[name].dtype if name else None for name in op.outputs])
+    in_dtypes = tuple(map(dtype_of.__getitem__, op.inputs))  # read once per op
+    out_dtypes = tuple(map(dtype_of.__getitem__, op.outputs))
     key = (id(row), known, tuple(map(id, op.port_groups)), in_dtypes, out_dtypes, op.forbid_low, op.op_type,
            ctx.low_dtype)
-    decided = memo.get(key) if memo is not None else None
+    decided = memo.get(key)
     if decided is None:
-        decided = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
-        if memo is not None:
-            memo[key] = decided
+        decided = memo[key] = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
     in_roles, out_roles, op.forbid_low, op.source_dtype = decided
     op.input_roles, op.output_roles = list(in_roles), list(out_roles)
 
