@@ -124,14 +124,15 @@ def normalisations(graph: PrecisionGraph) -> set[str]:
     """Ops that write a written-out normalisation's result (bounded by sqrt(n) like LayerNorm's):
     ``Div(v, Sqrt(mean(v^2) + eps))`` or ``Mul(v, Reciprocal/Rsqrt(...))``, with v the tensor whose
     square was reduced (``x`` for RMSNorm, ``x - mean`` for LayerNorm). Deny propagation stops there."""
-    out = set()
-    for op in graph.ops.values():
-        if op.canonical not in ("div", "mul") or len(op.inputs) != 2 or not all(op.inputs):
-            continue
-        pairs = [(op.inputs[0], op.inputs[1])] if op.canonical == "div" else [tuple(op.inputs), tuple(op.inputs[::-1])]
-        if any(_root_of_squares(graph, scale, value, reciprocal=op.canonical == "mul") for value, scale in pairs):
-            out.add(op.name)
-    return out
+    return {op.name for op in graph.ops.values() if writes_normalisation(graph, op)}
+
+
+def writes_normalisation(graph: PrecisionGraph, op: Op) -> bool:
+    """Whether ``op`` is one of ``normalisations``' ops (asked alone by walks that reach few ops)."""
+    if op.canonical not in ("div", "mul") or len(op.inputs) != 2 or not all(op.inputs):
+        return False
+    pairs = [(op.inputs[0], op.inputs[1])] if op.canonical == "div" else [tuple(op.inputs), tuple(op.inputs[::-1])]
+    return any(_root_of_squares(graph, scale, value, reciprocal=op.canonical == "mul") for value, scale in pairs)
 
 
 def _root_of_squares(graph: PrecisionGraph, tensor: str, value: str, reciprocal: bool) -> bool:
@@ -237,5 +238,5 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations",
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations", "writes_normalisation",
            "saturating_powers", "trig_chains"]

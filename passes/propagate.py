@@ -46,7 +46,7 @@ from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 from amp_compiler.report_memory import is_view
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
-from .numerics_chains import BOUNDED, normalisations
+from .numerics_chains import BOUNDED, writes_normalisation
 from .user_rules import forced_low, kept_by_name
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
@@ -74,7 +74,7 @@ class PropagatePass(Pass):
         candidates = []
         for op in graph.ops.values():
             op.eligible = False
-            if op.inserted or not op.has_unit_ports:
+            if op.inserted or UNIT not in op.input_roles and UNIT not in op.output_roles:  # has_unit_ports, inlined
                 continue
             if op.source_dtype not in (FLOAT32, ctx.low_dtype):
                 op.precision = op.source_dtype  # e.g. a BF16 op when planning FP16: not ours to change
@@ -124,23 +124,24 @@ class PropagatePass(Pass):
                     a, b = find(t.producer), find(cons_name)
                     if a != b:
                         parent[a] = b
+        root = {name: find(name) for name in candidates}  # each candidate's group, found once
         forced = forced_low(graph, ctx)
-        seeded = {find(n) for n in candidates if graph.ops[n].op_class == ALLOW or n in forced}
+        seeded = {root[n] for n in candidates if graph.ops[n].op_class == ALLOW or n in forced}
         moves_only = set()
         if ctx.planner == "all":
-            moves_only = _groups_only_moving_fp32_data(graph, candidates, find, ctx)
-            seeded |= {find(n) for n in candidates
-                       if graph.ops[n].canonical not in _CONSTANTS and find(n) not in moves_only}
+            moves_only = _groups_only_moving_fp32_data(graph, candidates, root.__getitem__, ctx)
+            seeded |= {root[n] for n in candidates
+                       if graph.ops[n].canonical not in _CONSTANTS and root[n] not in moves_only}
         eligible = 0
         for name in candidates:
             op = graph.ops[name]
-            if find(name) in seeded:
+            if root[name] in seeded:
                 op.eligible = True
                 eligible += 1
             else:
                 op.precision = op.source_dtype
                 op.reason = f"{op.op_class}: {NOT_CONNECTED}"
-                if find(name) in moves_only:
+                if root[name] in moves_only:
                     op.reason += f"; {MOVES_ONLY}"
                 if op.source_dtype != FLOAT32:
                     op.reason += f"; keeps its source dtype {op.source_dtype}"
@@ -181,7 +182,6 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
     its values are of unknown range.
     """
     reached: dict[str, tuple[str, str]] = {}
-    bounded = normalisations(graph)
     queue = deque((op.name, op.name) for op in graph.ops.values()
                   if op.op_class == DENY and not kept_by_name(op.name, ctx))
     while queue:
@@ -191,10 +191,11 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
             if not out or op.output_roles[port] != UNIT:
                 continue
             for cons, cport in graph.tensors[out].consumers:
-                passes_through = cons in candidates or graph.ops[cons].precision == FLOAT32  # FP32 for another rule
-                if passes_through and cons not in reached and graph.ops[cons].op_class in (INFER, CLEAR) \
-                        and graph.ops[cons].canonical not in BOUNDED and cons not in bounded \
-                        and graph.ops[cons].input_roles[cport] in (UNIT, ANY):
+                c = graph.ops[cons]
+                passes_through = cons in candidates or c.precision == FLOAT32  # FP32 for another rule
+                if passes_through and cons not in reached and c.op_class in (INFER, CLEAR) \
+                        and c.canonical not in BOUNDED and c.input_roles[cport] in (UNIT, ANY) \
+                        and not writes_normalisation(graph, c):  # asked last: of the few ops reached
                     reached[cons] = (source, name)
                     queue.append((cons, source))
     tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER and n in candidates}
