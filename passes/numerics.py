@@ -123,6 +123,8 @@ class NumericsPass(Pass):
         calibrated: dict[str, str] = {}
         unscaled = after_unscale(graph)  # a training step's optimizer update: FP32 whatever the plan
         for t in graph.tensors.values():  # 1, 3, 6, 10
+            if t.stats is None and t.calibrated_peak is None:
+                continue  # no value statistics, no calibrated peak: no rule here reads it
             why = constant_reason(t, rng, label) if not _only_added(graph, t, rng, unscaled) else None
             if why and t.origin in ("initializer", "constant") and t.stats.max_abs > rng.max and \
                     mask_sentinel(graph, t.name):  # a Constant node's value too (the TorchScript exporter's fill)
@@ -134,7 +136,7 @@ class NumericsPass(Pass):
                 tensors[t.name] = why
             elif why := calibrated_reason(t, rng, label, ctx.calibration_margin):
                 calibrated[t.name] = why
-        for op in graph.ops.values():
+        for op in (op for op in graph.ops.values() if op.scalars):
             big = next((s for s in op.scalars if abs(s) != float("inf") and abs(s) > rng.max), None)
             if big is not None:  # 2
                 outs = [out for out in op.outputs if out]
@@ -328,6 +330,8 @@ def carries_values(op: Op) -> bool:
 
 
 def _follow_value_flow(graph: PrecisionGraph, flagged: dict[str, str]) -> None:
+    if not flagged:
+        return  # nothing to follow
     for op in graph.ops.values():  # topological order: one sweep reaches every descendant
         if not carries_values(op):
             continue
