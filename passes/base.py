@@ -72,24 +72,6 @@ def check(pass_name: str, stage: str, bad: Iterable[str], what: str) -> None:
         raise PassError(f"{pass_name}: {stage} violated: {what} ({names})")
 
 
-def unclassified(graph: PrecisionGraph, roles: bool = False) -> list[str]:
-    """Ops not inserted by a pass that have no class (with ``roles``: or not one role per port).
-
-    The common answer, none, is found by C-level sweeps over every op (any op counts there); only
-    when one of them finds something are the ops read one by one for the exact list."""
-    ops = graph.ops.values()
-    if all(map(_op_class, ops)) and (not roles or (
-            list(map(len, map(_inputs, ops))) == list(map(len, map(_input_roles, ops)))
-            and list(map(len, map(_outputs, ops))) == list(map(len, map(_output_roles, ops))))):
-        return []
-    return [op.name for op in ops if not op.inserted and (op.op_class is None or roles and (
-        len(op.input_roles) != len(op.inputs) or len(op.output_roles) != len(op.outputs)))]
-
-
-_op_class, _inputs, _input_roles = attrgetter("op_class"), attrgetter("inputs"), attrgetter("input_roles")
-_outputs, _output_roles = attrgetter("outputs"), attrgetter("output_roles")
-
-
 def snapshot(graph: PrecisionGraph, *fields: str) -> list:
     """The listed attributes of every op (a tuple per op, or the value for one field), to compare
     before/after and report ``modified`` honestly; ``attrgetter`` reads them in C."""

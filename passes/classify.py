@@ -42,7 +42,7 @@ from math import prod
 
 from amp_compiler.registry import ALLOW, DEFAULT_REGISTRY, DENY, INFER, UNKNOWN, OpDef
 
-from .base import Pass, PassResult, PlanContext, check, unclassified, snapshot
+from .base import Pass, PassResult, PlanContext, check, snapshot
 from .user_rules import apply_user_rules
 
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
@@ -55,11 +55,13 @@ class ClassifyPass(Pass):
     name = "classify"
 
     def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        check(self.name, "ensures", unclassified(graph, roles=True), "every op has a class and a role per port")
+        check(self.name, "ensures", (op.name for op in graph.ops.values() if not op.inserted and (
+            op.op_class is None or len(op.input_roles) != len(op.inputs)
+            or len(op.output_roles) != len(op.outputs))), "every op has a class and a role per port")
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         registry = ctx.registry or DEFAULT_REGISTRY
-        fresh = _none_classified(graph)
+        fresh = _unclassified(graph)
         before = None if fresh else snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
         roles: dict[tuple, tuple] = {}  # what _assign_roles decided, per everything it reads
@@ -80,7 +82,7 @@ class ClassifyPass(Pass):
         return PassResult(graph, modified, details)
 
 
-def _none_classified(graph: PrecisionGraph) -> bool:
+def _unclassified(graph: PrecisionGraph) -> bool:
     """Whether no op has a class yet (a graph fresh from an importer): then classifying any op changes
     the graph, and no before/after snapshot of every op is needed to say so."""
     return not any(map(attrgetter("op_class"), graph.ops.values()))

@@ -45,7 +45,7 @@ from amp_compiler.ir import ANY, UNIT, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 from amp_compiler.report_memory import is_view
 
-from .base import Pass, PassResult, PlanContext, check, unclassified, snapshot
+from .base import Pass, PassResult, PlanContext, check, snapshot
 from .numerics_chains import BOUNDED, writes_normalisation
 from .user_rules import forced_low, kept_by_name
 
@@ -64,7 +64,7 @@ class PropagatePass(Pass):
     name = "propagate"
 
     def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        check(self.name, "requires", unclassified(graph),
+        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
               "every op has a class (run classify first)")
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
