@@ -198,21 +198,30 @@ def test_scheduler_steps_without_warning_and_param_groups_keep_their_hyper_param
     assert len(step.captures) == 2  # six learning rates, no re-capture
 
 
-def test_one_cycle_lr_cycling_adamw_betas_keeps_one_capture_and_matches_eager():
-    """OneCycleLR cycles betas[0] with the lr at every step: baked as constants they made a capture per
-    step, and the 9th step failed at max_captures naming the (unchanged) batch shapes."""
+def _one_cycle(make_opt, max_lr: float, hyper, **step_options):
+    """Ten steps of an eager model and a captured one, each under ``OneCycleLR``; the captured step,
+    the optimizer and the values ``hyper(group)`` took."""
     eager, captured = _mlp(), _mlp()
-    opt_eager, opt_captured = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, captured))
-    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=12)
+    opt_eager, opt_captured = (make_opt(m.parameters()) for m in (eager, captured))
+    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=max_lr, total_steps=12)
                                    for o in (opt_eager, opt_captured))
-    step = _fp32_step(captured, opt_captured)
+    step = _fp32_step(captured, opt_captured, **step_options)
+    seen = []
     for i in range(10):
         x, y = _batch(seed=i)
         _eager_step(eager, opt_eager, x, y)
         step(x, y)
         sched_eager.step()
         sched_captured.step()
-    assert opt_captured.param_groups[0]["betas"][0] != 0.95  # the scheduler did cycle it
+        seen.append(hyper(opt_captured.param_groups[0]))
+    return eager, captured, step, seen
+
+
+def test_one_cycle_lr_cycling_adamw_betas_keeps_one_capture_and_matches_eager():
+    """OneCycleLR cycles betas[0] with the lr at every step: baked as constants they made a capture per
+    step, and the 9th step failed at max_captures naming the (unchanged) batch shapes."""
+    eager, captured, step, betas = _one_cycle(lambda p: torch.optim.AdamW(p, lr=1e-3), 1e-2, lambda g: g["betas"][0])
+    assert betas[-1] != 0.95  # the scheduler did cycle it
     assert len(step.captures) <= 2  # the first step creates the optimizer state: a second layout
     _assert_same_params(captured, eager, rtol=1e-4, atol=1e-6)
 
@@ -221,20 +230,9 @@ def test_one_cycle_lr_cycling_sgd_momentum_keeps_one_capture_and_matches_eager()
     """OneCycleLR cycles SGD's momentum at every step (``cycle_momentum``): a constant of the graph, it
     was a capture per step until max_captures. It is a graph input now, its ``momentum != 0`` branch
     answered by the sign the capture key holds."""
-    eager, captured = _mlp(), _mlp()
-    opt_eager, opt_captured = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, captured))
-    sched_eager, sched_captured = (torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12)
-                                   for o in (opt_eager, opt_captured))
-    step = _fp32_step(captured, opt_captured, max_captures=2)
-    momenta = set()
-    for i in range(10):
-        x, y = _batch(seed=i)
-        _eager_step(eager, opt_eager, x, y)
-        step(x, y)
-        sched_eager.step()
-        sched_captured.step()
-        momenta.add(opt_captured.param_groups[0]["momentum"])
-    assert len(momenta) == 10  # the scheduler did cycle it
+    eager, captured, step, momenta = _one_cycle(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 0.1,
+                                                lambda g: g["momentum"], max_captures=2)
+    assert len(set(momenta)) == 10  # the scheduler did cycle it
     assert len(step.captures) == 2  # the first step creates the momentum buffers: a second layout
     _assert_same_params(captured, eager)
 

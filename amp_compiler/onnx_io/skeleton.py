@@ -70,12 +70,7 @@ def _make_external(t: TensorProto, hook: TensorHook, made: list[TensorProto] | N
         return
     for name in (*DATA_FIELDS, "external_data"):
         t.ClearField(name)
-    t.data_location = TensorProto.EXTERNAL
-    for key, value in entries:
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    if made is not None:
-        made.append(t)
+    _external_at(t, entries, made)
 
 
 def _copy_message(src, dst, hook: TensorHook, made: list[TensorProto] | None, attributes: list | None = None) -> None:
@@ -135,9 +130,14 @@ def copy_tensor(src: TensorProto, dst: TensorProto, hook: TensorHook, made: list
                 getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
             else:
                 setattr(dst, fd.name, getattr(src, fd.name))
-    dst.data_location = TensorProto.EXTERNAL
+    _external_at(dst, entries, made)
+
+
+def _external_at(t: TensorProto, entries, made: list[TensorProto] | None) -> None:
+    """Mark data-less ``t`` external at ``entries`` (``(key, value)`` pairs); append it to ``made``."""
+    t.data_location = TensorProto.EXTERNAL
     for key, value in entries:
-        entry = dst.external_data.add()
+        entry = t.external_data.add()
         entry.key, entry.value = key, value
     if made is not None:
-        made.append(dst)
+        made.append(t)
