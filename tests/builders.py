@@ -164,26 +164,33 @@ def rms_norm_stack(blocks: int = 6, d: int = 64, tokens: int = 16, gamma=None,
 
 
 def state_loop(body_nodes: list, body_initializers: list, trips: int, outer: list,
-               head_weight: str = "W") -> onnx.ModelProto:
-    """``x`` [4, 64] carried through ``trips`` iterations of a Loop ``loop0`` whose body maps ``s_in`` to
+               head_weight: str = "W", rows: int = 4, d: int = 64) -> onnx.ModelProto:
+    """``x`` [rows, d] carried through ``trips`` iterations of a Loop ``loop0`` whose body maps ``s_in`` to
     ``s_out`` by ``body_nodes``, then a GEMM ``head`` on the final state by ``head_weight`` (in ``outer``)."""
     body = helper.make_graph(
         [*body_nodes, helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
-        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", 4, 64)],
-        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", 4, 64)], body_initializers)
+        "body", [fin("i", dtype=TensorProto.INT64), fin("cond_in", dtype=TensorProto.BOOL), fin("s_in", rows, d)],
+        [fin("cond_out", dtype=TensorProto.BOOL), fin("s_out", rows, d)], body_initializers)
     nodes = [helper.make_node("Loop", ["trips", "cond", "x"], ["s_final"], name="loop0", body=body),
              helper.make_node("MatMul", ["s_final", head_weight], ["y"], name="head")]
-    return model(nodes, [fin("x", 4, 64)], [fin("y", 4, 64)],
+    return model(nodes, [fin("x", rows, d)], [fin("y", rows, d)],
                  [*outer, numpy_helper.from_array(np.array(trips, np.int64), "trips"),
                   numpy_helper.from_array(np.array(True), "cond")])
 
 
-def growing_loop(trips: int = 4, head_weight: str = "W") -> onnx.ModelProto:
+def growing_loop(trips: int = 4, head_weight: str = "W", rows: int = 4, d: int = 64) -> onnx.ModelProto:
     """A Loop whose state grows about 32x per iteration (4 iterations reach ~1e6) through a GEMM
     and a scale in its body, then a GEMM on the final state (by the body's weight ``W``, or another).
-    Too small for the cost model to convert its body (each iteration's casts cost more than its GEMM
-    saves, ``cost_model/repeats.py``): tests of what an FP16 body does plan it with ``planner="all"``."""
+    At the default [4, 64] too small for the cost model to convert its body (each iteration's casts
+    cost more than its GEMM saves, ``cost_model/repeats.py``): tests of what an FP16 body does plan it
+    with ``planner="all"``; at ``LOOP_ROWS`` x ``LOOP_D`` the default plan converts it."""
     body = [helper.make_node("MatMul", ["s_in", "W"], ["mm"], name="body_mm"),
             helper.make_node("Mul", ["mm", "k"], ["s_out"], name="body_scale")]
-    weights = [weight(name, 64, 64, scale=0.5) for name in dict.fromkeys(["W", head_weight])]
-    return state_loop(body, [numpy_helper.from_array(np.array(8.0, np.float32), "k")], trips, weights, head_weight)
+    # each element N(0, 16) whatever ``d`` (scale 0.5 at d = 64, as the tests' numbers assume), then times 8
+    weights = [weight(name, d, d, scale=4 / d ** 0.5) for name in dict.fromkeys(["W", head_weight])]
+    return state_loop(body, [numpy_helper.from_array(np.array(8.0, np.float32), "k")], trips, weights, head_weight,
+                      rows, d)
+
+
+#: a Loop state the default plan converts: each iteration's 1024-wide GEMM pays for the body's casts
+LOOP_ROWS, LOOP_D = 512, 1024

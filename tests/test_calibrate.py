@@ -9,7 +9,7 @@ from onnx import helper
 from amp_compiler import convert_onnx
 from amp_compiler.metrics import rel_error
 
-from .builders import fin, growing_loop, model, run, weight
+from .builders import LOOP_D, LOOP_ROWS, fin, growing_loop, model, run, weight
 
 
 def _overflowing_input(d=1024):
@@ -134,6 +134,20 @@ def test_calibration_measures_loop_bodies():
     assert "activation mm reaches" in ops["loop0.body/body_mm"]["reason"]
     got = _reference(calibrated, feeds)
     assert np.isfinite(got).all() and rel_error(ref, got) < 1e-2
+
+
+def test_calibration_keeps_fp32_a_loop_body_the_default_plan_converts_where_it_overflows():
+    """Default options: a body whose 1024-wide GEMM pays for its casts each iteration is planned FP16;
+    its state passes 65504 in four steps, and calibration keeps that GEMM FP32."""
+    m = growing_loop(rows=LOOP_ROWS, d=LOOP_D)
+    feeds = {"x": np.random.default_rng(0).standard_normal((LOOP_ROWS, LOOP_D)).astype(np.float32)}
+    assert np.abs(run(m, feeds)[0]).max() > 65504
+    _, plain = convert_onnx(m)
+    assert {o["name"]: o["precision"] for o in plain.ops}["loop0.body/body_mm"] == "float16"
+    _, report = convert_onnx(m, calibration_inputs=feeds)
+    ops = {o["name"]: o for o in report.ops}
+    assert ops["loop0.body/body_mm"]["precision"] == "float32"
+    assert "activation mm reaches" in ops["loop0.body/body_mm"]["reason"]
 
 
 def test_calibration_of_a_loop_that_runs_no_iteration_flags_nothing_in_its_body():

@@ -201,6 +201,20 @@ def test_default_options_on_the_overflowing_ffn(tmp_path):
     assert status == 0 and report["validation"]["overflows"] == []
 
 
+def test_a_loop_body_the_default_plan_converts_fails_validation_where_it_overflows(tmp_path):
+    """Default options, a body big enough to convert by cost: its FP16 state overflows, validation
+    names the body's GEMM, and --fallback moves it."""
+    from tests.builders import LOOP_D, LOOP_ROWS, growing_loop
+
+    m = growing_loop(rows=LOOP_ROWS, d=LOOP_D)
+    status, out, report = _convert(tmp_path, m)
+    assert status == 1 and not out.exists()
+    rows = {row["value"]: row for row in report["validation"]["overflows"]}
+    assert rows["mm"]["writer"] == "body_mm" and rows["mm"]["fp32_peak"] > 65504
+    status, out, report = _convert(tmp_path, m, "--fallback")
+    assert status == 0 and "loop0.body/body_mm" in report["fallback"]["moved_to_fp32"]
+
+
 def test_an_fp16_loop_body_past_65504_fails_validation_on_the_cpu_runtime(tmp_path, capsys):
     """A Loop body's values cannot be exposed, and ONNX Runtime's CPU provider computes its FP16 ops in
     FP32: a body state reaching ~1e6 passed --validate (error 4e-4) while a GPU gives inf. The FP32
