@@ -153,7 +153,9 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     converted = emit(imp, result)
     # a file ORT refuses is our bug; checked beside the report and annotations (C++ holding the GIL)
     with checking_emitted(converted, source, imp.pending, nested, op_types | {"Cast"}):
-        report = build_report(result)  # after emission: the report describes the emitted model
+        # after emission: the report describes the emitted model; the IR is this call's alone, so the
+        # per-op costs only a full report shows wait until one is read (``Report.data``)
+        report = build_report(result, defer_costs=True)
         nodes = list(walk_nodes(converted.graph, nested=len(imp.graphs) > 1))  # the importer met every subgraph
         record_modules(converted, report, nodes)  # the exporter's module paths, for the report's graph
         if drawn:

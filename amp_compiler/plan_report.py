@@ -8,6 +8,7 @@ emitted graph holds. The summary built here is the report's one derivation of it
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -25,31 +26,15 @@ if TYPE_CHECKING:
     from passes.result import PlanResult
 
 
-def build_report(result: PlanResult) -> Report:
-    """The schema-1.0 report of ``result`` (call it after the emitter ran)."""
+def build_report(result: PlanResult, defer_costs: bool = False) -> Report:
+    """The schema-1.0 report of ``result`` (call it after the emitter ran). ``defer_costs``: the ops'
+    per-op costs, which only the full report shows, are filled in when it is first read whole
+    (``Report.data``), for a caller whose IR nothing changes after this call (``convert_onnx``)."""
     graph, ctx, timer, pred = result.graph, result.ctx, result.timer, result.prediction
     default_dim = graph.default_dim()
-    casts_caused: dict[str, int] = {}
-    casts: list[dict[str, Any]] = []
-    for op in graph.ops.values():
-        if op.canonical != "cast":
-            continue
-        src = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] else None
-        out = graph.tensors[op.outputs[0]]
-        if src is None or not (is_float(src.dtype) and is_float(out.dtype)) or src.dtype == out.dtype:
-            continue  # only precision casts count (not int64 -> bool and the like)
-        nbytes = graph.nbytes(src) + graph.nbytes(out)
-        consumers = [c for c, _ in out.consumers]
-        for c in consumers:
-            casts_caused[c] = casts_caused.get(c, 0) + 1
-        casts.append({"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype, "bytes": nbytes,
-                      "reason": (op.reason if op.name in result.emitter_casts else
-                                 _cast_reason(graph, op, consumers, ctx.keep_io_types) if op.inserted
-                                 else "cast in the source model"),
-                      "inserted": op.inserted, "output": out.name})
-    ops, tensor_core, unknown = _op_rows(graph, timer, ctx.low_dtype, casts_caused)
-    gemm_flops = sum((o["flops"] for o in tensor_core), 0.0)
-    low_gemm_flops = sum((o["flops"] for o in tensor_core if o["precision"] in LOW_PRECISION), 0.0)
+    ops, casts, casts_caused, tensor_core, unknown = _op_and_cast_rows(result)
+    gemm_flops = sum((flops for _, flops in tensor_core), 0.0)
+    low_gemm_flops = sum((flops for o, flops in tensor_core if o["precision"] in LOW_PRECISION), 0.0)
     precisions = Counter(o["precision"] for o in ops)
     n_low = sum(n for precision, n in precisions.items() if precision in LOW_PRECISION)
     fp32_t, mixed_t, all_low_t = pred.fp32_s, pred.mixed_s, pred.all_low_s
@@ -85,37 +70,75 @@ def build_report(result: PlanResult) -> Report:
     }
     fill_memory(data)  # summary's predicted_memory_* keys: the one estimate (report_memory.py)
     _why_with_memory(summary)
-    return Report(data)
+    costs = functools.partial(_op_costs, graph, timer, ctx.low_dtype, casts_caused, ops)
+    if not defer_costs:
+        costs(data)
+    return Report(data, details=costs if defer_costs else None)
 
 
-def _op_rows(graph: PrecisionGraph, timer, low: str, casts_caused: dict[str, int]
-             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
-    """The report's op rows (source ops only, in graph order), the tensor-core ones among them, and
-    the unknown op types met; each op visited once."""
-    rows, tensor_core, unknown = [], [], set()
-    timed = bool(timer)
+def _op_and_cast_rows(result: PlanResult) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int],
+                                                   list[tuple[dict[str, Any], float]], set[str]]:
+    """One walk of the ops: the report's op rows without their costs (source ops only, in graph
+    order; ``_op_costs`` adds those), its cast rows, how many casts each op reads, the tensor-core
+    rows with their FLOPs, and the unknown op types met."""
+    graph, timer = result.graph, result.timer
+    keep_io_types, emitter_casts = result.ctx.keep_io_types, result.emitter_casts
+    rows, casts, casts_caused, tensor_core, unknown = [], [], {}, [], set()
     for op in graph.ops.values():
+        if op.canonical == "cast":
+            cast = _cast_row(graph, op, casts_caused, keep_io_types, emitter_casts)
+            if cast is not None:
+                casts.append(cast)
         if op.inserted:
             continue
-        precision = op.precision or "n/a"
-        priced = timed and op.has_unit_ports
         row = {
             "name": op.name, "op_type": op.op_type, "canonical": op.canonical or "", "class": op.op_class,
-            "precision": precision, "reason": op.reason,
-            "flops": timer.flops(op) if timed else 0.0,
-            "bytes": timer.bytes(op, op.precision or FLOAT32) if timed else 0.0,
-            "predicted_time_fp32_s": timer.time(op, FLOAT32) if priced else 0.0,
-            "predicted_time_fp16_s": timer.time(op, low) if priced else 0.0,
-            "casts": casts_caused.get(op.name, 0),
+            "precision": op.precision or "n/a", "reason": op.reason,
             **({"scope": op.scope} if op.scope else {}),
             "inputs": [t for t in op.inputs if t], "outputs": [t for t in op.outputs if t],  # schema 1.1
         }
         rows.append(row)
         if op.tensor_core:
-            tensor_core.append(row)
+            tensor_core.append((row, timer.flops(op) if timer else 0.0))
         if op.op_class == UNKNOWN:
             unknown.add(f"{op.domain}::{op.op_type}" if op.domain else op.op_type)
-    return rows, tensor_core, unknown
+    return rows, casts, casts_caused, tensor_core, unknown
+
+
+def _cast_row(graph: PrecisionGraph, op, casts_caused: dict[str, int], keep_io_types: bool,
+              emitter_casts) -> dict[str, Any] | None:
+    """The casts section's row of ``op`` (a cast), counted in ``casts_caused`` for the ops reading it;
+    None for a cast that changes no precision (int64 -> bool and the like)."""
+    src = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] else None
+    out = graph.tensors[op.outputs[0]]
+    if src is None or not (is_float(src.dtype) and is_float(out.dtype)) or src.dtype == out.dtype:
+        return None
+    consumers = [c for c, _ in out.consumers]
+    for c in consumers:
+        casts_caused[c] = casts_caused.get(c, 0) + 1
+    return {"name": op.name, "tensor": src.name, "from": src.dtype, "to": out.dtype,
+            "bytes": graph.nbytes(src) + graph.nbytes(out),
+            "reason": (op.reason if op.name in emitter_casts else
+                       _cast_reason(graph, op, consumers, keep_io_types) if op.inserted
+                       else "cast in the source model"),
+            "inserted": op.inserted, "output": out.name}
+
+
+def _op_costs(graph: PrecisionGraph, timer, low: str, casts_caused: dict[str, int], rows: list[dict[str, Any]],
+              data: dict[str, Any]) -> None:
+    """Fill in each op row's costs (``Report``'s deferred ``details``): FLOPs, bytes moved, predicted
+    times in FP32 and ``low``, and the casts it reads. ``rows`` are ``_op_and_cast_rows``' (one per
+    source op in graph order), wherever ``data`` holds them now; the IR is as it was when they
+    were built (nothing changes it after the report)."""
+    timed = bool(timer)
+    sources = (op for op in graph.ops.values() if not op.inserted)
+    for row, op in zip(rows, sources):
+        priced = timed and op.has_unit_ports
+        row["flops"] = timer.flops(op) if timed else 0.0
+        row["bytes"] = timer.bytes(op, op.precision or FLOAT32) if timed else 0.0
+        row["predicted_time_fp32_s"] = timer.time(op, FLOAT32) if priced else 0.0
+        row["predicted_time_fp16_s"] = timer.time(op, low) if priced else 0.0
+        row["casts"] = casts_caused.get(op.name, 0)
 
 
 def _why_with_memory(summary: dict[str, Any]) -> None:
@@ -169,8 +192,9 @@ def _body_runs(graph: PrecisionGraph) -> dict[str, Any]:
     return {"body_runs": note} if note else {}
 
 
-def _guessed_gemm_sizes(graph: PrecisionGraph, tensor_core: list[dict], gemm_flops: float) -> dict[str, Any]:
-    """``guessed_gemm_sizes``: one line when tensor-core ops (``tensor_core``: their report rows) read
+def _guessed_gemm_sizes(graph: PrecisionGraph, tensor_core: list[tuple[dict, float]], gemm_flops: float
+                        ) -> dict[str, Any]:
+    """``guessed_gemm_sizes``: one line when tensor-core ops (``tensor_core``: their report rows and FLOPs) read
     a dim that no input declares (a symbol shape inference made up, sized ``--default-dim`` whatever
     ``--dim`` says), so their FLOPs are a guess whatever the plan; a TorchScript Swin all FP16 had
     said nothing of its 13 MatMuls priced so."""
@@ -187,13 +211,13 @@ def _guessed_gemm_sizes(graph: PrecisionGraph, tensor_core: list[dict], gemm_flo
                                             for d in shape)
         return verdict
 
-    guessed = [o for o in tensor_core if any(made_up(t) for t in o["inputs"])]
+    guessed = [(o, flops) for o, flops in tensor_core if any(made_up(t) for t in o["inputs"])]
     if not guessed:
         return {}
-    share = sum(o["flops"] for o in guessed) / gemm_flops if gemm_flops else 0.0
+    share = sum(flops for _, flops in guessed) / gemm_flops if gemm_flops else 0.0
     return {"guessed_gemm_sizes": f"{len(guessed)} tensor-core ops ({share:.0%} of GEMM/conv FLOPs) read dims no "
                                   f"input declares, sized {graph.default_dim()} (--default-dim): their FLOPs are a "
-                                  f"guess (first: {guessed[0]['name']})"}
+                                  f"guess (first: {guessed[0][0]['name']})"}
 
 
 def _low_name(ops) -> str:

@@ -27,17 +27,17 @@ NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a Python list literal: ['', 'm', '
 def annotate_model(model: ModelProto, report: Any, nodes: list[NodeProto] | None = None) -> ModelProto:
     """Annotate ``model``'s nodes in place from ``report`` (a ``Report`` or its dict); returns it.
     ``nodes``: ``model``'s nodes, subgraphs included, where the caller has them (``walk_nodes``)."""
-    data = getattr(report, "data", report)
+    ops, casts = _sections(report)
     by_output: dict[str, dict[str, str]] = {}
     decisions: dict[tuple, dict[str, str]] = {}  # one dict per distinct decision: its doc line built once
-    for op in data.get("ops") or []:
+    for op in ops:
         key = (str(op.get("precision") or "n/a"), str(op.get("class") or ""), str(op.get("reason") or ""))
         fields = decisions.get(key)
         if fields is None:
             fields = decisions[key] = {"precision": key[0], "class": key[1], "reason": key[2]}
         for t in op.get("outputs") or ():
             by_output[t] = fields
-    inserted = [c for c in data.get("casts") or [] if c.get("inserted") and c.get("output")]
+    inserted = [c for c in casts if c.get("inserted") and c.get("output")]
     if nodes is None:
         nodes = list(walk_nodes(model.graph))  # walked once: each walk reads every node's attributes
     readers = _readers(nodes, {c["output"] for c in inserted})
@@ -70,7 +70,6 @@ def record_modules(model: ModelProto, report: Any, nodes: list[NodeProto] | None
     exporter: ``pkg.torch.onnx.name_scopes``, the module path then the op): ``op["module"]``,
     which the HTML graph groups by. Ops of other exporters are left as they are. Returns ``model``.
     ``nodes`` as for ``annotate_model``."""
-    data = getattr(report, "data", report)
     by_output: dict[str, dict] | None = None
     for node in walk_nodes(model.graph) if nodes is None else nodes:
         props = node.metadata_props
@@ -78,7 +77,7 @@ def record_modules(model: ModelProto, report: Any, nodes: list[NodeProto] | None
         if not scopes:
             continue
         if by_output is None:  # only for models that have such metadata
-            by_output = {t: op for op in data.get("ops") or [] for t in op.get("outputs") or ()}
+            by_output = {t: op for op in _sections(report)[0] for t in op.get("outputs") or ()}
         op = next((by_output[o] for o in node.output if o in by_output), None)
         if op is None:
             continue
@@ -114,6 +113,14 @@ def earlier_fp32(model: ModelProto) -> dict[str, str]:
         if node.name and fields.get("precision") == "float32" and fields.get("class") != "inserted cast":
             found[node.name] = fields.get("reason", "").split(": ", 1)[-1]
     return found
+
+
+def _sections(report: Any) -> tuple[list, list]:
+    """The op rows and cast rows of ``report``, a ``Report`` (its ``decisions``: the per-op costs
+    are not needed here) or a report dict."""
+    if isinstance(report, Mapping):
+        return report.get("ops") or [], report.get("casts") or []
+    return report.decisions, report.casts
 
 
 def _set_metadata(node: NodeProto, entries: NodeProto) -> None:

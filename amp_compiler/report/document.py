@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable
 
 from ..atomic import Staging, atomic_write
 from .formatting import clean, fmt_count
@@ -27,17 +27,31 @@ class Report:
     ``Report(data)`` wraps the dict without copying it; the properties return
     views into it (missing sections come back empty). ``html_sections`` holds extra
     ``(title, html)`` sections the HTML page shows after the standard ones.
+
+    ``details``, where given (``plan_report.build_report``), fills in what only the full
+    report shows, the ops' per-op cost columns: it runs on the first read of ``data`` or
+    ``ops``, so a run that prints the terminal summary and annotates the model (which read
+    ``decisions``, ``summary`` and ``casts``) never computes them (docs/architecture.md, "Report").
     """
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], details: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         if not isinstance(data, Mapping):
             raise TypeError(f"Report expects a dict, got {type(data).__name__}")
         version = data.get("schema_version")
         if version is not None and str(version).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise ValueError(f"unsupported report schema_version {version!r}; "
                              f"this amp-compiler reads {SCHEMA_VERSION}")
-        self.data: Mapping[str, Any] = data
+        self._data: Mapping[str, Any] = data
+        self._details = details
         self.html_sections: list[tuple[str, str]] = []
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        """The report dict, complete: the deferred ``details`` are filled in on first access."""
+        if self._details is not None:
+            details, self._details = self._details, None
+            details(self._data)
+        return self._data
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -62,17 +76,31 @@ class Report:
         return cls(data)
 
     # ---- sections -----------------------------------------------------------------
-    def _section(self, key: str) -> list[dict]:
-        v = self.data.get(key)
+    def _section(self, key: str) -> list[dict]:  # sections ``details`` never changes: no need to fill it in
+        v = self._data.get(key)
         return v if isinstance(v, list) else []
+
+    def has(self, key: str) -> bool:
+        """Whether the report holds the top-level section ``key`` (``"alignment"``, ``"validation"``, ...)."""
+        return key in self._data
 
     @property
     def summary(self) -> dict:
-        v = self.data.get("summary")
+        v = self._data.get("summary")
         return v if isinstance(v, dict) else {}
 
     @property
     def ops(self) -> list[dict]:
+        """The op rows, complete (their per-op costs included)."""
+        v = self.data.get("ops")
+        return v if isinstance(v, list) else []
+
+    @property
+    def decisions(self) -> list[dict]:
+        """The op rows as far as the plan's decisions go: ``name``, ``op_type``, ``canonical``, ``class``,
+        ``precision``, ``reason``, ``scope``, ``inputs``, ``outputs``; their per-op costs (``flops``,
+        ``bytes``, ``predicted_time_*``, ``casts``) may be missing until ``ops`` or ``data`` is read.
+        What the terminal text and the model's annotations read."""
         return self._section("ops")
 
     @property
@@ -89,23 +117,23 @@ class Report:
 
     @property
     def validation(self) -> dict | None:
-        v = self.data.get("validation")
+        v = self._data.get("validation")
         return v if isinstance(v, dict) else None
 
     @property
     def source(self) -> str:
-        return clean(self.data.get("source") or "")
+        return clean(self._data.get("source") or "")
 
     @property
     def fp32_ops(self) -> list[dict]:
         """The ops kept in FP32 -- what users read first."""
-        return [op for op in self.ops if op.get("precision") == "float32"]
+        return [op for op in self.decisions if op.get("precision") == "float32"]
 
     def class_counts(self) -> dict[str, Counter]:
         """``{class: Counter(precision -> n)}`` in report order (allow, infer, clear, deny, unknown, others)."""
         counts: dict[str, Counter] = {c: Counter() for c in CLASS_ORDER}
         extra: dict[str, Counter] = {}
-        for op in self.ops:
+        for op in self.decisions:
             cls = clean(op.get("class") or "unknown")
             target = counts[cls] if cls in counts else extra.setdefault(cls, Counter())
             target[clean(op.get("precision") or "n/a")] += 1
@@ -121,7 +149,7 @@ class Report:
         return [p for p in PRECISION_ORDER if p in seen] + sorted(seen - set(PRECISION_ORDER))
 
     def title(self) -> str:
-        tool = self.data.get("tool") if isinstance(self.data.get("tool"), Mapping) else {}
+        tool = self._data.get("tool") if isinstance(self._data.get("tool"), Mapping) else {}
         name = clean(tool.get("name") or "amp-compiler")
         version = clean(tool.get("version") or "")
         title = f"{name} {version}".strip() + " — per-op precision report"

@@ -57,7 +57,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
     nodes = s.get("nodes")
     fp16, fp32 = s.get("fp16_nodes"), s.get("fp32_nodes")
     red_label = PRECISION_LABEL.get(clean(s.get("dtype")), "FP16")
-    rows = [("nodes", f"{fmt_count(nodes)} ({_low_counts(report.ops, fp16, red_label)}, {fmt_count(fp32)} FP32)")]
+    rows = [("nodes", f"{fmt_count(nodes)} ({_low_counts(report.decisions, fp16, red_label)}, {fmt_count(fp32)} FP32)")]
     rows.append(("casts", f"{fmt_count(s.get('casts'))} "
                           f"({fmt_bytes(s.get('cast_bytes'))} converted)"))
     frac, gemm = s.get("fp16_gemm_flop_fraction"), s.get("gemm_flops")
@@ -102,7 +102,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
 
     # FP32 ops
     fp32_ops = report.fp32_ops
-    out += heading(f"Ops kept in FP32 ({len(fp32_ops):,} of {len(report.ops):,})")
+    out += heading(f"Ops kept in FP32 ({len(fp32_ops):,} of {len(report.decisions):,})")
     if fp32_ops:
         shown, more = cut(fp32_ops, max_rows)
         cols = [Col("name", trunc="middle", min_width=16), Col("op_type", trunc="end"),
@@ -146,7 +146,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
         out.append(f"{INDENT}none")
 
     # alignment (optional)
-    if "alignment" in report.data:
+    if report.has("alignment"):
         align = report.alignment
         out += heading(f"Tensor-core alignment ({plural(len(align), 'warning')})")
         if align:
