@@ -133,10 +133,11 @@ class Report:
         """``{class: Counter(precision -> n)}`` in report order (allow, infer, clear, deny, unknown, others)."""
         counts: dict[str, Counter] = {c: Counter() for c in CLASS_ORDER}
         extra: dict[str, Counter] = {}
-        for op in self.decisions:
-            cls = clean(op.get("class") or "unknown")
+        pairs = Counter((op.get("class"), op.get("precision")) for op in self.decisions)  # a few distinct
+        for (cls, precision), n in pairs.items():
+            cls = clean(cls or "unknown")
             target = counts[cls] if cls in counts else extra.setdefault(cls, Counter())
-            target[clean(op.get("precision") or "n/a")] += 1
+            target[clean(precision or "n/a")] += n
         for cls in sorted(extra):
             counts[cls] = extra[cls]
         return counts
