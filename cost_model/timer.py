@@ -58,6 +58,9 @@ class OpTimer:
         self._align_dims: dict[str, dict[str, int]] = {}
         self._out_bytes: dict[str, dict[str, float]] = {}
         self._by_signature: dict[tuple, _Priced] = {}  # see ``costs``
+        self._size_codes: dict[tuple, int] = {}  # (dtype, resolved shape) -> its number (``_port_fact``)
+        self._port_facts: dict[str, tuple[int, int, bool]] = {}  # tensor -> ``_port_fact``
+        self._facts_filled = False  # every tensor's, in one walk (``_fill_port_facts``)
         #: scope -> how many times a run runs it (a Loop body its trip count): its ops and casts cost that
         #: many times over (``cost_model/repeats.py``)
         self.repeats = scope_repeats(graph)
@@ -157,19 +160,33 @@ class OpTimer:
         queries (``time``, ``bytes``, ...) read too, for the report later."""
         priced = self._priced_of.get(op.name)
         if priced is None:
-            key = self._signature(op)  # once per op: the all-low ceiling asks again for other dtypes
-            if key is None:
+            self.classify((op,))
+            priced = self._priced_of.get(op.name)
+            if priced is None:  # priced on its own (``classify``)
                 return self.times(op, dtypes), [self.output_bytes(op, d) for d in dtypes]
-            priced = self._by_signature.get(key)
-            if priced is None:
-                priced = self._by_signature[key] = _Priced()
-            self._priced_of[op.name] = priced
         try:
             return [priced.times[d] for d in dtypes], [priced.out_bytes[d] for d in dtypes]
         except KeyError:  # this op prices its signature in ``dtypes``
             times, out = self.times(op, dtypes), [self.output_bytes(op, d) for d in dtypes]
             self._remember(priced, op, dtypes)
             return times, out
+
+    def costs_each(self, ops: list[Op], dtypes: tuple[str, ...]) -> list[tuple[float, ...]]:
+        """``(*times, *output_bytes)`` in ``dtypes`` (``costs``) of each of ``ops``: the ops'
+        signatures found in one walk (``classify``), each signature priced once, every op of it
+        then given that one row."""
+        self.classify(ops)
+        priced_of, rows, out = self._priced_of, {}, []
+        for op in ops:
+            priced = priced_of.get(op.name)
+            row = rows.get(id(priced)) if priced is not None else None
+            if row is None:
+                times, held = self.costs(op, dtypes)
+                row = (*times, *held)
+                if priced is not None:
+                    rows[id(priced)] = row
+            out.append(row)
+        return out
 
     def _remember(self, priced: _Priced, op: Op, dtypes: tuple[str, ...]) -> None:
         """Record under ``op``'s signature what ``costs`` just computed for it."""
@@ -182,45 +199,89 @@ class OpTimer:
                 priced.bytes[d] = self._bytes[d][name]
                 priced.out_bytes[d] = self._out_bytes[d][name]
 
-    def _signature(self, op: Op) -> tuple | None:
-        """Everything ``_time``, ``bytes``, ``flops``, ``aligned`` and ``output_bytes`` read of ``op``:
-        its canonical op (the registry row), tensor-core flag, attributes, port roles, whether it
-        pays its group's launch, and per port the tensor's dtype, resolved shape and (where the
-        byte count asks) whether it stays inside the fused kernel. None where pricing reads more
-        (a fused RMSNorm, an inserted cast, a measured profile keyed by symbolic shapes) or an
-        attribute is not a plain value: such ops are priced one by one."""
-        if self.roofline.profile is not None or (op.canonical == "cast" and op.inserted):
-            return None
-        groups = self.groups
-        if groups.norms and groups.group_of.get(op.name, -1) in groups.norms:
-            return None
-        attrs = _attrs_key(op.attrs)
-        if attrs is None:
-            return None
-        tensors, concrete, internal = self.graph.tensors, self.graph.concrete_dims, self.internal
-        row = self._row(op)
-        asks = row is None or row.traffic != ALIAS  # ``op_bytes_each`` asks nothing of a view's ports
-        group_of = groups.group_of
-        mine = group_of.get(op.name, -2)  # ``groups.same_group(producer, op)``, the op's side looked up once
-        key: list = [op.canonical, op.tensor_core, op.name in self._leaders, attrs,
-                     tuple(op.input_roles), tuple(op.output_roles), self.repeats.get(op.scope, 1)]
-        for names, n_roles, read in ((op.inputs, len(op.input_roles), True),
-                                     (op.outputs, len(op.output_roles), False)):
-            key.append(len(names))
-            for i, name in enumerate(names):
-                if not name:
-                    key.append(None)
-                    continue
-                t = tensors[name]
-                # ``_boundary_bytes_each``' question, asked of the same ports (it caches the answer)
-                if not asks or i >= n_roles:
-                    inside = False
-                elif read:
-                    inside = t.producer is not None and group_of.get(t.producer, -1) == mine
+    def classify(self, ops) -> None:
+        """File each of ``ops`` not filed yet under its signature's ``_Priced`` (``_priced_of``).
+
+        The signature is everything ``_time``, ``bytes``, ``flops``, ``aligned`` and
+        ``output_bytes`` read of an op: its canonical op (the registry row), tensor-core flag,
+        attributes, port roles, whether it pays its group's launch, its scope's repeats, and per
+        port the tensor's dtype and resolved shape (one interned number, ``_port_facts``),
+        complemented where the byte count asks and the tensor stays inside the op's fused kernel.
+        An op whose pricing reads more (a fused RMSNorm, an inserted cast, a measured profile keyed
+        by symbolic shapes) or with an attribute that is not a plain value stays unfiled: it is
+        priced on its own."""
+        if self.roofline.profile is not None:
+            return
+        priced_of, by_signature, leaders, repeats = self._priced_of, self._by_signature, self._leaders, self.repeats
+        group_of, norms, by_canonical = self.groups.group_of, self.groups.norms, self.registry.by_canonical
+        facts = self._port_facts if self._facts_filled else self._fill_port_facts()
+        fact = self._port_fact
+        for op in ops:
+            name = op.name
+            if name in priced_of or (op.inserted and op.canonical == "cast"):
+                continue
+            mine = group_of.get(name, -2)  # ``groups.same_group(producer, op)``, the op's side looked up once
+            if norms and mine in norms:
+                continue
+            attrs = _attrs_key(op.attrs) if op.attrs else ()
+            if attrs is None:
+                continue
+            row = by_canonical.get(op.canonical) if op.canonical else None
+            asks = row is None or row.traffic != ALIAS  # ``op_bytes_each`` asks nothing of a view's ports
+            key: list = [op.canonical, op.tensor_core, name in leaders, attrs, tuple(op.input_roles),
+                         tuple(op.output_roles), repeats.get(op.scope, 1), len(op.inputs)]
+            n_roles = len(op.input_roles) if asks else 0
+            for i, port in enumerate(op.inputs):  # read inside the op's kernel: ``_boundary_bytes_each``
+                if port:
+                    code, group, _ = facts.get(port) or fact(port)
+                    key.append(~code if i < n_roles and group == mine else code)
                 else:
-                    inside = internal(t)
-                key.append((t.dtype, concrete(t), inside))
-        return tuple(key)
+                    key.append(None)
+            key.append(len(op.outputs))
+            n_roles = len(op.output_roles) if asks else 0
+            for i, port in enumerate(op.outputs):
+                if port:
+                    code, _, inside = facts.get(port) or fact(port)
+                    key.append(~code if i < n_roles and inside else code)
+                else:
+                    key.append(None)
+            key = tuple(key)
+            priced = by_signature.get(key)
+            if priced is None:
+                priced = by_signature[key] = _Priced()
+            priced_of[name] = priced
+
+    def _fill_port_facts(self) -> dict[str, tuple[int, int, bool]]:
+        """``_port_fact`` of every tensor in one walk (and ``internal``'s answers with them)."""
+        facts, codes, internal = self._port_facts, self._size_codes, self._internal
+        group_of, concrete = self.groups.group_of, self.graph.concrete_dims
+        for name, t in self.graph.tensors.items():
+            size = (t.dtype, concrete(t))
+            code = codes.get(size)
+            if code is None:
+                code = codes[size] = len(codes)
+            producer = t.producer
+            group = group_of.get(producer, -1) if producer else -1
+            inside = internal.get(name)
+            if inside is None:  # ``_stays_inside``, inlined
+                inside = internal[name] = bool(producer and t.consumers and not t.is_graph_output
+                                               and all(group_of.get(r, -2) == group for r, _ in t.consumers))
+            facts[name] = (code, group, inside)
+        self._facts_filled = True
+        return facts
+
+    def _port_fact(self, name: str) -> tuple[int, int, bool]:
+        """``(size code, producer's group, internal)`` of tensor ``name`` (cached in ``_port_facts``):
+        its dtype and resolved shape as one number (equal numbers, equal pair), the fusion group
+        of its producer (-1: none), and ``internal``."""
+        t = self.graph.tensors[name]
+        size = (t.dtype, self.graph.concrete_dims(t))
+        code = self._size_codes.get(size)
+        if code is None:
+            code = self._size_codes[size] = len(self._size_codes)
+        group = self.groups.group_of.get(t.producer, -1) if t.producer else -1
+        found = self._port_facts[name] = (code, group, self.internal(t))
+        return found
 
     def aligned(self, op: Op, dtype: str) -> bool:
         """``not flops.misaligned_dims(op, graph, dtype)``, the op's dims found once for every dtype

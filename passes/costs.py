@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from amp_compiler.dtypes import FLOAT32, itemsize
-from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, PrecisionGraph, Tensor
+from amp_compiler.ir import ANY, CONSTANT, FIXED, GRAPH_INPUT, PARAMETER, UNIT, Op, PrecisionGraph, Tensor
 from cost_model.timer import OpTimer
 
 from .base import PlanContext
@@ -315,25 +315,41 @@ def tensor_endpoints(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer, un
         yield t, producer_end(t), ends
 
 
+def priced_ops(graph: PrecisionGraph) -> list[Op]:
+    """The ops a plan prices, in graph order: float data (unit ports), not a cast a pass inserted."""
+    return [op for op in graph.ops.values() if op.has_unit_ports and not op.inserted]
+
+
+def _at_precision(timer: OpTimer, op: Op, low: str, t32: float, tlow: float, held32: float,
+                  held_low: float) -> tuple[float, float]:
+    """(seconds, bytes held) of ``op`` at its own precision, from its FP32 and low numbers where it is one of those."""
+    precision = op.precision or FLOAT32
+    if precision == FLOAT32:
+        return t32, held32
+    if precision == low:
+        return tlow, held_low
+    (seconds,), (held,) = timer.costs(op, (precision,))
+    return seconds, held
+
+
 def build_energy(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> PlanEnergy:
     """Collect units (one per eligible op), their times, and one cast term per float tensor."""
     low = ctx.low_dtype
     units: dict[str, int] = {}
     energy = PlanEnergy({}, {}, {}, 0.0, [], low=ctx.low_dtype)
-    for op in graph.ops.values():
-        if not op.has_unit_ports or op.inserted:
-            continue
+    ops = priced_ops(graph)
+    for op, (t32, tlow, held32, held_low) in zip(ops, timer.costs_each(ops, (FLOAT32, low))):
         if op.eligible:
             uid = len(units)
             units[op.name] = uid
             op.unit = uid
             energy.unit_ops[uid] = [op.name]
-            (energy.time_fp32[uid], energy.time_low[uid]), (energy.act_fp32[uid], energy.act_low[uid]) = \
-                timer.costs(op, (FLOAT32, low))
+            energy.time_fp32[uid], energy.time_low[uid] = t32, tlow
+            energy.act_fp32[uid], energy.act_low[uid] = held32, held_low
             energy.tc_flops[uid] = timer.flops(op) if op.tensor_core else 0.0
         else:
             op.unit = None
-            (seconds,), (held,) = timer.costs(op, (op.precision or FLOAT32,))
+            seconds, held = _at_precision(timer, op, low, t32, tlow, held32, held_low)
             energy.fixed_time += seconds
             energy.fixed_memory += held
 
@@ -376,16 +392,13 @@ def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> flo
     low = ctx.low_dtype
     units: dict[str, int] = {}
     fixed_time, units_time = 0.0, 0
-    for op in graph.ops.values():
-        if not op.has_unit_ports or op.inserted:
-            continue
+    ops = priced_ops(graph)
+    for op, (t32, tlow, held32, held_low) in zip(ops, timer.costs_each(ops, (FLOAT32, low))):
         if not op.forbid_low:
             units[op.name] = len(units)
-            (_, seconds), _ = timer.costs(op, (FLOAT32, low))
-            units_time += seconds
+            units_time += tlow
         else:
-            (seconds,), _ = timer.costs(op, (op.precision or FLOAT32,))
-            fixed_time += seconds
+            fixed_time += _at_precision(timer, op, low, t32, tlow, held32, held_low)[0]
 
     cast_time = 0.0
     for t, prod, ends in tensor_endpoints(graph, ctx, timer, units):
