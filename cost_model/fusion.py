@@ -85,35 +85,51 @@ def form_groups(graph: PrecisionGraph, runtime: RuntimeProfile, registry, rsqrt_
                for name in norm.members}
     index: dict[str, int] = {}
     kind: dict[str, str] = {}
-    first: dict[int, int] = {}  # group -> topological index of its first member
-    pointwise: dict[int, int] = {}
-    gemms: dict[int, int] = {}
-    fuses_anything = bool(runtime.fused_edges)
+    first: list[int] = []  # group -> topological index of its first member
+    pointwise: list[int] = []
+    gemms: list[int] = []
+    joining = _joining_kinds(runtime)
+    group_of, members = groups.group_of, groups.members
     for i, op in enumerate(_canonical_order(graph)):
-        index[op.name] = i
-        k = kind[op.name] = op_kind(op, registry)
-        norm = norm_of.get(op.name)
+        name = op.name
+        index[name] = i
+        k = kind[name] = op_kind(op, registry)
+        norm = norm_of.get(name) if norm_of else None
         if norm is not None:  # one fused RMSNorm kernel, whatever its ops' kinds
-            k = kind[op.name] = "norm"
-            target = groups.group_of.get(norm.members[0])
+            k = kind[name] = "norm"
+            target = group_of.get(norm.members[0])
         else:
             target = _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtime) \
-                if fuses_anything and not op.inserted else None
+                if k in joining and not op.inserted else None
         if target is None:
-            target = len(groups.members)
-            groups.members[target] = []
-            first[target], pointwise[target], gemms[target] = i, 0, 0
+            target = len(members)
+            members[target] = []
+            first.append(i)
+            pointwise.append(0)
+            gemms.append(0)
             if norm is not None:
                 groups.norms[target] = norm
-        elif norm is None:
-            kind[op.name] = k if k not in ("alias", "cast") else _view_kind(graph, op, kind)
-        groups.group_of[op.name] = target
-        groups.members[target].append(op.name)
-        pointwise[target] += k == "pointwise"
-        gemms[target] += k == "gemm"
+        elif norm is None and (k == "alias" or k == "cast"):
+            kind[name] = _view_kind(graph, op, kind)
+        group_of[name] = target
+        members[target].append(name)
+        if k == "pointwise":
+            pointwise[target] += 1
+        elif k == "gemm":
+            gemms[target] += 1
     if runtime.pointwise_anchors:
         _dissolve_unanchored(graph, groups, kind, runtime.pointwise_anchors)
     return groups
+
+
+def _joining_kinds(runtime: RuntimeProfile) -> frozenset[str]:
+    """The kinds of op ``_joinable`` may let join a producer's group on ``runtime`` (none where it fuses
+    nothing): a consumer kind of a fused edge, a view, a cast where casts fuse; the others are
+    never asked."""
+    if not runtime.fused_edges:
+        return frozenset()
+    return frozenset({consumer for _, consumer in runtime.fused_edges} | {"alias"}
+                     | ({"cast"} if runtime.fuse_casts else set()))
 
 
 def _dissolve_unanchored(graph: PrecisionGraph, groups: FusionGroups, kind: dict[str, str], anchors) -> None:
@@ -134,18 +150,24 @@ def _dissolve_unanchored(graph: PrecisionGraph, groups: FusionGroups, kind: dict
 
 def _canonical_order(graph: PrecisionGraph) -> list[Op]:
     """A topological order independent of the order the file lists its nodes in: by depth
-    (longest path from the inputs), then name; so a model and a shuffled copy fuse alike."""
-    tensors = graph.tensors
-    level: dict[str, int] = {}
+    (longest path from the inputs), then name; so a model and a shuffled copy fuse alike.
+    Each op's depth is handed to its outputs, so an input's producer's depth is one look-up;
+    the ops are put in one list per depth, each sorted by name."""
+    depth_of: dict[str, int] = {}  # tensor -> depth of its producer
+    by_depth: list[list[str]] = []
+    get = depth_of.get
     for op in graph.ops.values():  # already topological
-        deepest = 0
-        for n in op.inputs:
-            producer = tensors[n].producer if n else None
-            if producer:
-                deepest = max(deepest, level.get(producer, 0))
-        level[op.name] = deepest + 1
+        depth = max([get(n, 0) for n in op.inputs], default=0)  # "" (an absent input) is no tensor's
+        for n in op.outputs:
+            if n:
+                depth_of[n] = depth + 1
+        if depth == len(by_depth):
+            by_depth.append([])
+        elif depth > len(by_depth):
+            by_depth.extend([] for _ in range(depth + 1 - len(by_depth)))
+        by_depth[depth].append(op.name)
     ops = graph.ops
-    return [ops[name] for name, _ in sorted(level.items(), key=itemgetter(1, 0))]  # by (level, name)
+    return [ops[name] for names in by_depth for name in sorted(names)]
 
 
 def _view_kind(graph: PrecisionGraph, op: Op, kind: dict[str, str]) -> str:
@@ -154,20 +176,21 @@ def _view_kind(graph: PrecisionGraph, op: Op, kind: dict[str, str]) -> str:
 
 
 def _joinable(graph, op, k, kind, groups, index, first, pointwise, gemms, runtime) -> int | None:
+    """The group of a producer of ``op`` that ``op`` (of kind ``k``, one of ``_joining_kinds``) may join."""
+    tensors, ops, group_of, norms = graph.tensors, graph.ops, groups.group_of, groups.norms
+    as_view = k == "alias" or k == "cast"  # takes its input's kind: joins whatever fuses anything
     for name in op.inputs:
         if not name:
             continue
-        t = graph.tensors[name]
+        t = tensors[name]
         prod = t.producer
-        if prod is None or t.is_graph_output or graph.ops[prod].scope != op.scope or prod not in groups.group_of:
+        if prod is None or t.is_graph_output:
             continue
-        g = groups.group_of[prod]
-        if g in groups.norms:
+        g = group_of.get(prod)
+        if g is None or g in norms or ops[prod].scope != op.scope:
             continue  # a fused RMSNorm takes nothing else
         pk = kind[prod]
-        if k == "cast" and not runtime.fuse_casts:
-            continue  # a cast kernel of its own (ONNX Runtime, eager)
-        if k not in ("alias", "cast") and not runtime.fuses(pk, k):
+        if not as_view and (pk, k) not in runtime.fused_edges:
             continue
         if k == "pointwise" and pointwise[g] >= runtime.max_pointwise:
             continue
