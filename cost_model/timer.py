@@ -59,7 +59,8 @@ class OpTimer:
         self._out_bytes: dict[str, dict[str, float]] = {}
         self._by_signature: dict[tuple, _Priced] = {}  # see ``costs``
         self._size_codes: dict[tuple, int] = {}  # (dtype, resolved shape) -> its number (``_port_fact``)
-        self._port_facts: dict[str, tuple[int, int, bool]] = {}  # tensor -> ``_port_fact``
+        self._port_facts: dict[str, tuple[int, int, bool, bool]] = {}  # tensor -> ``_port_fact``
+        self._cast_classes: dict[tuple, float] = {}  # see ``cast_time``
         self._facts_filled = False  # every tensor's, in one walk (``_fill_port_facts``)
         #: scope -> how many times a run runs it (a Loop body its trip count): its ops and casts cost that
         #: many times over (``cost_model/repeats.py``)
@@ -233,7 +234,7 @@ class OpTimer:
             n_roles = len(op.input_roles) if asks else 0
             for i, port in enumerate(op.inputs):  # read inside the op's kernel: ``_boundary_bytes_each``
                 if port:
-                    code, group, _ = facts.get(port) or fact(port)
+                    code, group, _, _ = facts.get(port) or fact(port)
                     key.append(~code if i < n_roles and group == mine else code)
                 else:
                     key.append(None)
@@ -241,7 +242,7 @@ class OpTimer:
             n_roles = len(op.output_roles) if asks else 0
             for i, port in enumerate(op.outputs):
                 if port:
-                    code, _, inside = facts.get(port) or fact(port)
+                    code, _, inside, _ = facts.get(port) or fact(port)
                     key.append(~code if i < n_roles and inside else code)
                 else:
                     key.append(None)
@@ -251,7 +252,7 @@ class OpTimer:
                 priced = by_signature[key] = _Priced()
             priced_of[name] = priced
 
-    def _fill_port_facts(self) -> dict[str, tuple[int, int, bool]]:
+    def _fill_port_facts(self) -> dict[str, tuple[int, int, bool, bool]]:
         """``_port_fact`` of every tensor in one walk (and ``internal``'s answers with them)."""
         facts, codes, internal = self._port_facts, self._size_codes, self._internal
         group_of, concrete = self.groups.group_of, self.graph.concrete_dims
@@ -262,25 +263,25 @@ class OpTimer:
                 code = codes[size] = len(codes)
             producer = t.producer
             group = group_of.get(producer, -1) if producer else -1
+            readers = [group_of.get(r, -2) == group for r, _ in t.consumers] if producer else ()
             inside = internal.get(name)
             if inside is None:  # ``_stays_inside``, inlined
-                inside = internal[name] = bool(producer and t.consumers and not t.is_graph_output
-                                               and all(group_of.get(r, -2) == group for r, _ in t.consumers))
-            facts[name] = (code, group, inside)
+                inside = internal[name] = bool(readers and not t.is_graph_output and all(readers))
+            facts[name] = (code, group, inside, any(readers))  # ``_splits_group``, inlined
         self._facts_filled = True
         return facts
 
-    def _port_fact(self, name: str) -> tuple[int, int, bool]:
-        """``(size code, producer's group, internal)`` of tensor ``name`` (cached in ``_port_facts``):
-        its dtype and resolved shape as one number (equal numbers, equal pair), the fusion group
-        of its producer (-1: none), and ``internal``."""
+    def _port_fact(self, name: str) -> tuple[int, int, bool, bool]:
+        """``(size code, producer's group, internal, splits)`` of tensor ``name`` (cached in
+        ``_port_facts``): its dtype and resolved shape as one number (equal numbers, equal pair),
+        the fusion group of its producer (-1: none), ``internal`` and ``_splits_group``."""
         t = self.graph.tensors[name]
         size = (t.dtype, self.graph.concrete_dims(t))
         code = self._size_codes.get(size)
         if code is None:
             code = self._size_codes[size] = len(self._size_codes)
         group = self.groups.group_of.get(t.producer, -1) if t.producer else -1
-        found = self._port_facts[name] = (code, group, self.internal(t))
+        found = self._port_facts[name] = (code, group, self.internal(t), self._splits_group(t))
         return found
 
     def aligned(self, op: Op, dtype: str) -> bool:
@@ -374,22 +375,37 @@ class OpTimer:
         key = (t.producer, t.producer_port) if t.producer else t.name
         cached = self._cast_costs.get(key)
         if cached is None:
-            traffic = self._traffic(t, _FLOAT32, low)
-            if self.groups.norms and self.internal(t) and self.groups.group_of.get(t.producer) in self.groups.norms:
-                cached = 0.0  # an intermediate of a fused RMSNorm: converted in registers
-            elif self.runtime.fuse_casts:
-                cached = 0.0 if self.internal(t) else traffic
-            elif self._splits_group(t):
-                # the cast splits the fused kernel: its own kernel, one more launch, and the
-                # value written and read back (an upper bound when only an outside reader differs)
-                cached = 2 * (traffic + self.launch)
-            else:
-                cached = traffic + self.launch
-            if t.scope in self.repeats:  # a cast runs where its value is made (``passes/casts.py``)
-                cached *= self.repeats[t.scope]
+            fact = self._port_facts.get(t.name)
+            if fact is None:
+                inside = self.internal(t)
+                cached = self._cast_cost(t, low, inside, self._splits_group(t),
+                                         inside and self.groups.group_of.get(t.producer) in self.groups.norms)
+            else:  # tensors alike (size, fusion boundary, scope) cost alike: priced once
+                code, group, inside, splits = fact
+                alike = (code, inside, splits, inside and group in self.groups.norms, t.scope, low)
+                cached = self._cast_classes.get(alike)
+                if cached is None:
+                    cached = self._cast_classes[alike] = self._cast_cost(t, low, *alike[1:4])
             self._cast_costs[key] = cached
         return cached
 
+    def _cast_cost(self, t: Tensor, low: str, inside: bool, splits: bool, in_norm: bool) -> float:
+        """``cast_time``'s number for ``t``: ``inside`` (``internal``), ``splits`` (``_splits_group``),
+        ``in_norm`` (an intermediate of a fused RMSNorm)."""
+        traffic = self._traffic(t, _FLOAT32, low)
+        if in_norm:
+            cost = 0.0  # an intermediate of a fused RMSNorm: converted in registers
+        elif self.runtime.fuse_casts:
+            cost = 0.0 if inside else traffic
+        elif splits:
+            # the cast splits the fused kernel: its own kernel, one more launch, and the
+            # value written and read back (an upper bound when only an outside reader differs)
+            cost = 2 * (traffic + self.launch)
+        else:
+            cost = traffic + self.launch
+        if t.scope in self.repeats:  # a cast runs where its value is made (``passes/casts.py``)
+            cost *= self.repeats[t.scope]
+        return cost
 
     def _splits_group(self, t: Tensor) -> bool:
         """A reader of ``t`` shares its producer's fused kernel (``groups.same_group``)."""
