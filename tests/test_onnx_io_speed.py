@@ -27,7 +27,7 @@ from amp_compiler.errors import ConversionError
 from amp_compiler.ir import PrecisionGraph
 from amp_compiler.numerics import _SLICE, ValueStats
 from amp_compiler.onnx_api import convert_onnx
-from amp_compiler.onnx_io import importer, inference, skeleton, validation
+from amp_compiler.onnx_io import forked, importer, inference, skeleton, validation
 from amp_compiler.onnx_io.skeleton import skeleton_copy
 from amp_compiler.registry import DEFAULT_REGISTRY
 from amp_compiler.onnx_io.validation import validate_model
@@ -212,12 +212,12 @@ def test_the_forked_check_raises_what_the_inline_check_raises(tmp_path, monkeypa
     with pytest.raises(ConversionError) as inline:
         validation.check_emitted(_ill_typed(), "m.onnx")
     assert "the converted model fails ONNX's check" in str(inline.value) and "relu" in str(inline.value)
-    monkeypatch.setattr(validation, "_may_fork", lambda m: True)
+    monkeypatch.setattr(forked, "may_fork", lambda m: True)
     assert _forked_check_error(_ill_typed()) == (str(inline.value), ["block"])
     assert _forked_check_error(_ill_typed(), ValueError("report bug"))[0] == str(inline.value)
     with validation.checking_emitted(_mlp(), "m.onnx"):  # a valid model: nothing raised
         pass
-    monkeypatch.setattr(validation, "_child", lambda check, fd: os._exit(9))  # killed before its verdict
+    monkeypatch.setattr(forked, "_child", lambda check, fd: os._exit(9))  # killed before its verdict
     assert _forked_check_error(_ill_typed()) == (str(inline.value), ["block"])
     assert list(tmp_path.iterdir()) == []
 
@@ -226,28 +226,113 @@ def test_the_check_is_forked_only_where_it_is_safe_and_pays(monkeypatch) -> None
     """Only from the only Python thread, without torch imported, with SIGCHLD at its default, on Linux,
     from FORK_FROM_NODES nodes; where no process can be had, the check runs inline."""
     big = onnx.ModelProto()
-    big.graph.node.extend([onnx.NodeProto()] * validation.FORK_FROM_NODES)
+    big.graph.node.extend([onnx.NodeProto()] * forked.FORK_FROM_NODES)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     # other tests of a session may leave a thread running: the count is set, both ways
-    monkeypatch.setattr(validation.threading, "active_count", lambda: 2)
-    assert not validation._may_fork(big)
-    monkeypatch.setattr(validation.threading, "active_count", lambda: 1)
-    assert validation._may_fork(big) == sys.platform.startswith("linux")
-    assert not validation._may_fork(_mlp())
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 2)
+    assert not forked.may_fork(big)
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    assert forked.may_fork(big) == sys.platform.startswith("linux")
+    assert not forked.may_fork(_mlp())
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the system: pids reused
     try:
-        assert not validation._may_fork(big)
+        assert not forked.may_fork(big)
     finally:
         signal.signal(signal.SIGCHLD, previous)
     monkeypatch.setitem(sys.modules, "torch", sys)
-    assert not validation._may_fork(big)
+    assert not forked.may_fork(big)
 
     def no_fork():
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(validation, "_may_fork", lambda m: True)
+    monkeypatch.setattr(forked, "may_fork", lambda m: True)
     monkeypatch.setattr(os, "fork", no_fork)
     with pytest.raises(ConversionError) as raised:
         with validation.checking_emitted(_ill_typed(), "m.onnx"):
             pytest.fail("the check runs first where it runs inline")
     assert "the converted model fails ONNX's check" in str(raised.value)
+
+
+def _reversed(m: onnx.ModelProto) -> onnx.ModelProto:
+    """``m`` with its nodes in reverse order: the structure check sorts them, in place."""
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(reversed(nodes))
+    return m
+
+
+def _siblings_reusing_a_name() -> onnx.ModelProto:
+    """Both If branches call their result ``t``: the structure check renames one, in place."""
+    then_b = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [], [fin("t", 4, 8)])
+    else_b = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["t"], name="else_sig")], "else", [], [fin("t", 4, 8)])
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_b, else_branch=else_b)]
+    return model(nodes, [fin("x", 4, 8), fin("c", dtype=TensorProto.BOOL)], [fin("y", 4, 8)])
+
+
+def _reshaped_symbols() -> onnx.ModelProto:
+    """A Reshape to (-1, 8) of a (batch, seq, 8) input: onnx names the rows anew, ONNX Runtime's
+    symbolic inference (``symbolic_dims``) writes them ``batch*seq``."""
+    shape = numpy_helper.from_array(np.array([-1, 8], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="flat"), helper.make_node("Relu", ["r"], ["y"])]
+    return model(nodes, [fin("x", "batch", "seq", 8)], [fin("y", "rows", 8)], [shape])
+
+
+def _with_attribute(m: onnx.ModelProto, node: str, **attrs) -> onnx.ModelProto:
+    next(n for n in m.graph.node if n.name == node).attribute.extend(
+        helper.make_attribute(k, v) for k, v in attrs.items())
+    return m
+
+
+def _dangling(m: onnx.ModelProto) -> onnx.ModelProto:
+    m.graph.node.append(helper.make_node("Relu", ["nope"], ["z"], name="stray"))
+    return m
+
+
+_CHECKED = {  # a model builder; its inference error is found in the child where it is forked
+    "valid": _mlp, "out of order": lambda: _reversed(_mlp()), "sibling renames": _siblings_reusing_a_name,
+    "related symbols": _reshaped_symbols, "ill-typed": _ill_typed,
+    "ill-typed, out of order": lambda: _reversed(_ill_typed()),
+    "ill-typed, refused by the checker": lambda: _with_attribute(_ill_typed(), "relu", alpha=0.5),
+    "ill-typed, dangling input": lambda: _dangling(_ill_typed()),
+}
+
+
+def _validated(m: onnx.ModelProto) -> tuple:
+    """``validate_model``'s types and the model it leaves, or its error message."""
+    try:
+        types = validate_model(m, source="m.onnx")
+    except ConversionError as exc:
+        return str(exc)
+    return types, m.SerializeToString()
+
+
+@pytest.mark.parametrize("case", list(_CHECKED))
+def test_inference_forked_beside_the_checks_gives_what_inline_gives(monkeypatch, case) -> None:
+    """Step 5 forked beside steps 2-4: the same types, the same model (sorted, renamed), the same error
+    ahead of which the parent's own come (structure, checker), as inline."""
+    inline = _validated(_CHECKED[case]())
+    assert isinstance(inline, str) == case.startswith("ill-typed")
+    started = []
+    start = forked.ForkedWork.start.__func__
+    monkeypatch.setattr(forked, "may_fork", lambda m: True)
+    monkeypatch.setattr(forked.ForkedWork, "start", classmethod(lambda cls, work: started.append(1) or start(cls, work)))
+    assert _validated(_CHECKED[case]()) == inline
+    assert started == [1]
+    if case == "related symbols":
+        assert inline[0]["r"][1] == ("batch*seq", 8)
+    if case in ("ill-typed, refused by the checker", "ill-typed, dangling input"):  # the parent's error first
+        assert "type inference failed" in _validated(_ill_typed()) and "type inference failed" not in inline
+
+
+@pytest.mark.parametrize("case", ["valid", "related symbols", "ill-typed"])
+@pytest.mark.parametrize("end", [b"", b"R\xfb"])  # killed before its answer, or while writing it
+def test_a_child_that_gives_no_answer_is_replaced_by_inference_here(monkeypatch, case, end) -> None:
+    inline = _validated(_CHECKED[case]())
+    monkeypatch.setattr(forked, "may_fork", lambda m: True)
+
+    def child(work, fd):
+        os.write(fd, end)
+        os._exit(9)
+
+    monkeypatch.setattr(forked, "_child", child)
+    assert _validated(_CHECKED[case]()) == inline

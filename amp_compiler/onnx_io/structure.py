@@ -9,7 +9,7 @@ sorted (ONNX Runtime accepts such graphs too). docs/architecture.md, "Input hand
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
 
@@ -33,23 +33,29 @@ def _where(node: NodeProto, idx: int, path: str) -> str:
     return node_label(node, idx) + (f" in subgraph {path}" if path else "")
 
 
-def check_structure(model: ModelProto, source: str, opsets: dict[str, int],
-                    subgraph_paths: list[str] | None = None) -> list[tuple] | None:
+class StructureFacts(NamedTuple):
+    """What ``check_structure`` found besides errors."""
+
+    #: the main graph's ``node_rows``, for later steps to read no node twice; None where it sorted them
+    main_rows: list[tuple] | None
+    #: the path of every subgraph (none: later walks of the model's graphs need not look into its nodes)
+    subgraph_paths: list[str]
+    #: whether it changed the model: sorted out-of-order nodes or renamed values, in any graph
+    changed: bool
+
+
+def check_structure(model: ModelProto, source: str, opsets: dict[str, int]) -> StructureFacts:
     """Valid UTF-8 names, SSA names, no dangling inputs, graph outputs produced, no cycles; sorts
-    acyclic out-of-order graphs. Each node's fields are read once (``_node_rows``): protobuf builds
-    a new Python object per field read, which dominated this check on 100k-node graphs. Returns
-    the main graph's rows for the importer to reuse, or None where it sorted the nodes;
-    ``subgraph_paths`` receives the path of every subgraph (none: later walks of the model's
-    graphs need not look into its nodes' attributes)."""
+    acyclic out-of-order graphs and renames values sibling subgraphs both define, in place. Each
+    node's fields are read once (``_node_rows``): protobuf builds a new Python object per field
+    read, which dominated this check on 100k-node graphs."""
     for o in model.opset_import:
         if _bad(o.domain):
             raise ConversionError(source, "opset_import", f"domain {o.domain!r} is not valid UTF-8")
     functions = {(f.domain, f.name) for f in model.functions}
     check = _Structure(source, opsets, functions)
     check.graph(model.graph, frozenset(), "")
-    if subgraph_paths is not None:
-        subgraph_paths.extend(check.subgraph_paths)
-    return check.main_rows
+    return StructureFacts(check.main_rows, check.subgraph_paths, check.changed)
 
 
 def _bad(value) -> bool:
@@ -62,6 +68,11 @@ def node_rows(g: GraphProto) -> list[tuple]:
     once, repeated ones as lists (a slice copies them faster than ``list()``)."""
     return [(node, node.output[:], node.input[:], node.domain, node.attribute[:], node.name, node.op_type)
             for node in g.node]
+
+
+def holds_subgraphs(rows: list[tuple]) -> bool:
+    """Whether a node of ``rows`` (``node_rows``) has a graph attribute: ``check_structure``'s test."""
+    return any(a.HasField("g") or a.graphs for row in rows if row[4] for a in row[4])
 
 
 def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:
@@ -104,6 +115,7 @@ class _Structure:
         self.fresh = 0
         self.main_rows: list[tuple] | None = None  # the main graph's rows, while its nodes are in them
         self.subgraph_paths: list[str] = []
+        self.changed = False  # nodes sorted or values renamed
 
     def graph(self, g: GraphProto, outer: frozenset[str], path: str) -> set[str]:
         """Check ``g`` (names in ``outer`` are visible from enclosing graphs); returns the outer names it uses."""
@@ -213,6 +225,7 @@ class _Structure:
             raise ConversionError(self.source, node_label(first, cycle[0]) + (f" in subgraph {path}" if path else ""),
                                   f"the graph has a cycle: {' -> '.join(names + names[:1])}")
         replace_nodes(g, [g.node[i] for i in order])
+        self.changed = True
 
     def _rename_sibling_clashes(self, g: GraphProto, outer: frozenset[str], rows: list[tuple]) -> bool:
         """Names this subgraph defines that another, non-enclosing graph already defined get fresh
@@ -228,6 +241,7 @@ class _Structure:
                 self.fresh += 1
                 new = f"{old}__{self.fresh}"
             _rename(g, old, new)
+        self.changed = self.changed or bool(clashes)
         return bool(clashes)
 
 

@@ -10,30 +10,26 @@ naming the file, the node or tensor, and the reason:
 5. Strict type and shape inference (``inference``) on that copy.
 
 Returns the types inference found, which the importer uses where the model declares
-none. ``check_emitted`` runs steps 4 and 5 again on the converted model. docs/architecture.md,
-"Input handling".
+none. On large models step 5 runs in a forked child beside steps 2-4 (``forked``), its error
+raised after theirs. ``check_emitted`` runs steps 4 and 5 again on the converted model.
+docs/architecture.md, "Input handling".
 """
 
 from __future__ import annotations
 
 import functools
-import gc
-import json
-import os
-import signal
-import sys
-import threading
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NoReturn
+from typing import Callable, Iterable, Iterator
 
 import onnx
 from onnx import GraphProto, ModelProto
 
 from ..errors import ConversionError
+from . import forked
+from .forked import ForkedWork
 from .inference import emitted_light_copy, infer, inferred_types, light_copy, run_checker
-from .structure import check_structure, subgraphs
+from .structure import check_structure, holds_subgraphs, node_rows, subgraphs
 from .symbolic_dims import relate_dims
 from .tensor_checks import check_tensors
 
@@ -51,26 +47,82 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
     unless step 2 sorted them, for the importer to read no node twice; ``subgraph_paths`` the
     path of every subgraph step 2 found (none: walks for types need not look into the nodes).
 
-    May rename values reused by sibling subgraphs and sort out-of-order nodes, in place.
+    Inference (step 5, and ``symbolic_dims``) runs in a forked child from the model as it is after
+    step 1, while steps 2-4 run here (``_Inference``); its error is raised after theirs, as when it
+    ran last. May rename values reused by sibling subgraphs and sort out-of-order nodes, in place.
     """
     opsets = check_header(model, source)
-    subgraph_paths = [] if subgraph_paths is None else subgraph_paths
-    main_rows = check_structure(model, source, opsets, subgraph_paths)
-    if rows is not None and main_rows is not None:
-        rows.extend(main_rows)
-    nested = bool(subgraph_paths)
-    check_tensors(model, source, base_dir, raw, main_rows, nested)
-    stand_ins: list[onnx.TensorProto] = []
-    light = light_copy(model, stand_ins, main_rows, nested)
-    run_checker(light, source, stand_ins)
+    inference = _Inference.start(model, source)
+    try:
+        facts = check_structure(model, source, opsets)
+        if facts.changed:
+            inference.drop()  # the child infers the model as it was
+        main_rows, nested = facts.main_rows, bool(facts.subgraph_paths)
+        if rows is not None and main_rows is not None:
+            rows.extend(main_rows)
+        if subgraph_paths is not None:
+            subgraph_paths.extend(facts.subgraph_paths)
+        check_tensors(model, source, base_dir, raw, main_rows, nested)
+        stand_ins: list[onnx.TensorProto] = []
+        light = light_copy(model, stand_ins, main_rows, nested)
+        run_checker(light, source, stand_ins)
+    except BaseException:  # steps 2-4 come first: the child's answer is not needed
+        inference.drop()
+        raise
+    return inference.result(functools.partial(inferred_after_check, light, source, main_rows, nested))
+
+
+def inferred_after_check(light: ModelProto, source: str, main_rows: list[tuple] | None, nested: bool
+                         ) -> dict[str, tuple[int, tuple | None]]:
+    """Step 5 on ``light`` (a ``light_copy`` that passed onnx's checker), and the symbols a Reshape
+    made up written as arithmetic of the inputs' dims (``symbolic_dims``): the types
+    ``validate_model`` returns. ``main_rows``, ``nested``: as ``light_copy`` takes them."""
     light, consistent = infer(light, source)
     types = inferred_types(light, nested)
-    # symbols a Reshape made up, written as arithmetic of the inputs' dims; not where declared shapes
-    # disagree with inference (the emitted file would carry shapes the model's own contradict)
+    # not where declared shapes disagree with inference (the emitted file would carry shapes the
+    # model's own contradict)
     outputs = None if main_rows is None else (o for row in main_rows for o in row[1])
     if consistent and relate_dims(light, types, outputs):
         types = inferred_types(light, nested)
     return types
+
+
+def _inferred_from_scratch(model: ModelProto, source: str) -> dict[str, tuple[int, tuple | None]]:
+    """``inferred_after_check`` of ``model``'s light copy, its rows read here: the forked child's work."""
+    rows = node_rows(model.graph)
+    nested = holds_subgraphs(rows)
+    return inferred_after_check(light_copy(model, None, rows, nested), source, rows, nested)
+
+
+class _Inference:
+    """Step 5 of ``validate_model`` beside steps 2-4: onnx's inference is C++ holding the GIL (about
+    1.2 s at 112k nodes, and ONNX Runtime's symbolic inference after it Python), so on Linux, from
+    ``forked.FORK_FROM_NODES`` nodes, a forked child infers the model as it is after step 1 while the
+    parent checks it on another core (``forked.may_fork``). docs/architecture.md, "Input handling"."""
+
+    def __init__(self, child: ForkedWork | None) -> None:
+        self._child = child
+
+    @classmethod
+    def start(cls, model: ModelProto, source: str) -> _Inference:
+        """Fork the child where that is safe and pays."""
+        if not forked.may_fork(model):
+            return cls(None)
+        return cls(ForkedWork.start(functools.partial(_inferred_from_scratch, model, source)))
+
+    def drop(self) -> None:
+        """End the child unheard: the parent's checks failed, or changed the model since the fork."""
+        if self._child is not None:
+            self._child.abandon()
+            self._child = None
+
+    def result(self, inline: Callable[[], dict]) -> dict[str, tuple[int, tuple | None]]:
+        """The child's types, or its ``ConversionError``; ``inline()`` where no child infers (none
+        forked, or dropped). A child that ended without an answer is replaced by its work run here."""
+        if self._child is None:
+            return inline()
+        child, self._child = self._child, None
+        return child.finish()
 
 
 def check_emitted(model: ModelProto, source: str, pending: Iterable = (), nested: bool = True,
@@ -93,24 +145,19 @@ def check_emitted(model: ModelProto, source: str, pending: Iterable = (), nested
                                                  "greedy, may avoid it meanwhile") from None
 
 
-#: main-graph nodes from which ``checking_emitted`` forks: below, the check takes under a tenth of a second
-FORK_FROM_NODES = 10_000
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextmanager
 def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nested: bool = True,
                      op_types: Iterable[str] | None = None) -> Iterator[None]:
     """``check_emitted`` while the block runs: onnx's checker and inference are C++ holding the GIL
     (about 1.5 s at 112k nodes), so on Linux, from the only Python thread, a forked child runs
-    them on the model as it is at entry while the block goes on on another core. The child writes
-    nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead of any
-    error of the block's own (as when the check ran first); a child that ended without a verdict
+    them on the model as it is at entry while the block goes on on another core (``forked``). The
+    child writes nothing but its verdict; its ``ConversionError`` is raised when the block ends, ahead
+    of any error of the block's own (as when the check ran first); a child that ended without a verdict
     (killed) is replaced by the check run here, on the model as the block left it. Elsewhere, on
     small models, or where no process can be forked (out of memory), the check runs inline at entry.
     docs/architecture.md, "ONNX emitter"."""
     check = functools.partial(check_emitted, model, source, list(pending), nested, op_types)
-    child = _CheckChild.start(check) if _may_fork(model) else None
+    child = ForkedWork.start(check) if forked.may_fork(model) else None
     if child is None:
         check()
         yield
@@ -124,97 +171,6 @@ def checking_emitted(model: ModelProto, source: str, pending: Iterable = (), nes
         child.abandon()
         raise
     child.finish()
-
-
-def _may_fork(model: ModelProto) -> bool:
-    """Large enough to gain, and safe to fork: Linux (fork without exec is unsafe on macOS), called from
-    the only Python thread (another could hold a lock the child's Python code needs), torch not
-    imported (its thread pools and any CUDA context are not the child's to inherit), SIGCHLD left at
-    its default (the child stays ours to reap: its pid is not reused before). Native library threads
-    may run (numpy's OpenBLAS pool stops itself at a fork): the child runs only onnx's C++."""
-    if not hasattr(os, "fork") or not sys.platform.startswith("linux") or len(model.graph.node) < FORK_FROM_NODES:
-        return False
-    return (threading.current_thread() is threading.main_thread() and threading.active_count() == 1
-            and "torch" not in sys.modules and signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
-
-
-class _CheckChild:
-    """``check`` (``check_emitted`` with its arguments) run in a forked child; its verdict comes back
-    through a pipe: ``passed``, or the ``ConversionError``'s three parts as JSON."""
-
-    def __init__(self, check: Callable[[], None], pid: int, read: int) -> None:
-        self._check, self._pid, self._read = check, pid, read
-
-    @classmethod
-    def start(cls, check: Callable[[], None]) -> _CheckChild | None:
-        """Fork the child; None where the system refuses a pipe or a process."""
-        try:
-            read, write = os.pipe()
-        except OSError:
-            return None
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none lands before the child's handlers
-        try:
-            with warnings.catch_warnings():  # Python 3.12+ warns of any native thread (OpenBLAS's): see _may_fork
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:
-                os.close(read)
-                _child(check, write)
-        except OSError:  # ENOMEM, EAGAIN: a process of this size cannot be had
-            os.close(read)
-            return None
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            os.close(write)
-        return cls(check, pid, read)
-
-    def finish(self) -> None:
-        """Wait for the verdict; raise the check's ``ConversionError``, or run the check here where
-        the child gave none."""
-        verdict = self._reap()
-        if verdict == _PASSED:
-            return
-        if verdict:
-            raise ConversionError(*json.loads(verdict)) from None
-        self._check()
-
-    def abandon(self) -> None:
-        """End the child unheard."""
-        os.kill(self._pid, signal.SIGKILL)
-        self._reap()
-
-    def _reap(self) -> bytes:
-        with os.fdopen(self._read, "rb") as pipe:
-            verdict = pipe.read()
-        try:
-            os.waitpid(self._pid, 0)
-        except ChildProcessError:  # reaped by someone's waitpid(-1): its verdict was read all the same
-            pass
-        return verdict
-
-
-_PASSED = b"passed"
-
-
-def _child(check: Callable[[], None], fd: int) -> NoReturn:
-    """The forked child: run ``check``, write its verdict to ``fd``, leave by ``os._exit`` whatever
-    happens (no ``finally`` or ``atexit`` of the parent's runs here, no buffer is flushed twice)."""
-    status = 1
-    try:
-        for signum in _SIGNALS:  # the parent's handlers (the CLI's SIGTERM) would unwind its code here
-            signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        gc.disable()  # a collection would touch, so copy, every page the parent shares
-        try:
-            check()
-            verdict = _PASSED
-        except ConversionError as exc:
-            verdict = json.dumps([exc.source, exc.where, exc.reason]).encode()
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write(verdict)
-        status = 0
-    finally:
-        os._exit(status)
 
 
 def infer_types(model: ModelProto) -> dict[str, tuple[int, tuple | None]]:
