@@ -34,15 +34,14 @@ _INFERENCE_LINE = re.compile(r"(?:\[(\w+)\] )?\(op_type:([^,)]*)(?:, node name: 
 _CHECKER_CONTEXT = re.compile(r"Name: (.*?) OpType: (\S+)")
 
 
-def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None, rows: list[tuple] | None = None,
-               nested: bool = True) -> ModelProto:
+def light_copy(model: ModelProto, stand_ins: list[TensorProto] | None = None, attributes: list | None = None,
+               op_types: Iterable[str] | None = None, nested: bool = True) -> ModelProto:
     """A copy of ``model`` whose large or float tensors are data-less placeholders (``stand_ins``
     receives them), ONNX Runtime's ONNX-domain ops written as ops onnx knows (``ort_onnx_ops``).
-    ``rows``: the main graph's ``structure.node_rows``, where the caller read them; ``nested=False``:
-    the model has no subgraphs (the structure check found none)."""
-    light = skeleton_copy(model, _strip, stand_ins, None if rows is None else [row[4] for row in rows])
-    op_types = None if nested or rows is None else (row[6] for row in rows)
-    stand_in_for_inference(light, graphs if nested else _main_graph, op_types)
+    ``attributes``: each main-graph node's attribute list, ``op_types`` their op types, where the
+    caller read them (``structure.node_rows``); ``nested=False``: the model has no subgraphs."""
+    light = skeleton_copy(model, _strip, stand_ins, attributes)
+    stand_in_for_inference(light, graphs if nested else _main_graph, None if nested else op_types)
     return light
 
 

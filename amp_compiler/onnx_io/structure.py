@@ -70,9 +70,10 @@ def node_rows(g: GraphProto) -> list[tuple]:
             for node in g.node]
 
 
-def holds_subgraphs(rows: list[tuple]) -> bool:
-    """Whether a node of ``rows`` (``node_rows``) has a graph attribute: ``check_structure``'s test."""
-    return any(a.HasField("g") or a.graphs for row in rows if row[4] for a in row[4])
+def holds_subgraphs(attributes: list) -> bool:
+    """Whether a node has a graph attribute (``attributes``: each node's attribute list), as
+    ``check_structure`` tells one."""
+    return any(a.HasField("g") or a.graphs for attrs in attributes if attrs for a in attrs)
 
 
 def _node_rows(g: GraphProto, where_g: str, source: str) -> list[tuple]:

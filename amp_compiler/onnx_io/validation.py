@@ -29,7 +29,7 @@ from ..errors import ConversionError
 from . import forked
 from .forked import ForkedWork
 from .inference import emitted_light_copy, infer, inferred_types, light_copy, run_checker
-from .structure import check_structure, holds_subgraphs, node_rows, subgraphs
+from .structure import check_structure, holds_subgraphs, subgraphs
 from .symbolic_dims import relate_dims
 from .tensor_checks import check_tensors
 
@@ -64,34 +64,42 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
             subgraph_paths.extend(facts.subgraph_paths)
         check_tensors(model, source, base_dir, raw, main_rows, nested)
         stand_ins: list[onnx.TensorProto] = []
-        light = light_copy(model, stand_ins, main_rows, nested)
+        if main_rows is None:
+            light = light_copy(model, stand_ins, nested=nested)
+        else:
+            light = light_copy(model, stand_ins, [row[4] for row in main_rows], [row[6] for row in main_rows], nested)
         run_checker(light, source, stand_ins)
     except BaseException:  # steps 2-4 come first: the child's answer is not needed
         inference.drop()
         raise
-    return inference.result(functools.partial(inferred_after_check, light, source, main_rows, nested))
+    outputs = None if main_rows is None else (o for row in main_rows for o in row[1])
+    return inference.result(functools.partial(inferred_after_check, light, source, nested, outputs))
 
 
-def inferred_after_check(light: ModelProto, source: str, main_rows: list[tuple] | None, nested: bool
+def inferred_after_check(light: ModelProto, source: str, nested: bool, outputs: Iterable[str] | None = None
                          ) -> dict[str, tuple[int, tuple | None]]:
     """Step 5 on ``light`` (a ``light_copy`` that passed onnx's checker), and the symbols a Reshape
     made up written as arithmetic of the inputs' dims (``symbolic_dims``): the types
-    ``validate_model`` returns. ``main_rows``, ``nested``: as ``light_copy`` takes them."""
+    ``validate_model`` returns. ``nested``: as ``light_copy`` takes it; ``outputs``: the main graph's
+    node outputs, where the caller read them (else read off ``light`` where needed)."""
     light, consistent = infer(light, source)
     types = inferred_types(light, nested)
     # not where declared shapes disagree with inference (the emitted file would carry shapes the
     # model's own contradict)
-    outputs = None if main_rows is None else (o for row in main_rows for o in row[1])
     if consistent and relate_dims(light, types, outputs):
         types = inferred_types(light, nested)
     return types
 
 
 def _inferred_from_scratch(model: ModelProto, source: str) -> dict[str, tuple[int, tuple | None]]:
-    """``inferred_after_check`` of ``model``'s light copy, its rows read here: the forked child's work."""
-    rows = node_rows(model.graph)
-    nested = holds_subgraphs(rows)
-    return inferred_after_check(light_copy(model, None, rows, nested), source, rows, nested)
+    """``inferred_after_check`` of ``model``'s light copy: the forked child's work. It reads each node's
+    attributes, and its op type where it has no subgraphs, not the structure check's whole rows
+    (0.25 s at 112k nodes where ``structure.node_rows`` takes 0.4 s, on the child's critical path)."""
+    nodes = model.graph.node
+    attributes = [node.attribute[:] for node in nodes]
+    nested = holds_subgraphs(attributes)
+    op_types = None if nested else [node.op_type for node in nodes]
+    return inferred_after_check(light_copy(model, None, attributes, op_types, nested), source, nested)
 
 
 class _Inference:
