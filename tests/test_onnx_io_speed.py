@@ -9,7 +9,8 @@
 * the port-type check, run once per op kind and port dtypes, still names the first op that fails it;
 * ``convert_onnx(copy=False)`` converts the given model in place, the default leaves it alone;
 * folded weights cast while the file is written give the model ``.model`` returns;
-* the post-emission check forked beside the report says what it says inline.
+* the post-emission check forked beside the report says what it says inline;
+* the input's inference forked beside its checks gives the types, model and error of inline inference.
 """
 
 from __future__ import annotations
@@ -263,8 +264,8 @@ def _reversed(m: onnx.ModelProto) -> onnx.ModelProto:
 
 def _siblings_reusing_a_name() -> onnx.ModelProto:
     """Both If branches call their result ``t``: the structure check renames one, in place."""
-    then_b = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [], [fin("t", 4, 8)])
-    else_b = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["t"], name="else_sig")], "else", [], [fin("t", 4, 8)])
+    then_b = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [fin("t", 4, 8)])
+    else_b = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["t"])], "else", [], [fin("t", 4, 8)])
     nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_b, else_branch=else_b)]
     return model(nodes, [fin("x", 4, 8), fin("c", dtype=TensorProto.BOOL)], [fin("y", 4, 8)])
 
@@ -315,7 +316,8 @@ def test_inference_forked_beside_the_checks_gives_what_inline_gives(monkeypatch,
     started = []
     start = forked.ForkedWork.start.__func__
     monkeypatch.setattr(forked, "may_fork", lambda m: True)
-    monkeypatch.setattr(forked.ForkedWork, "start", classmethod(lambda cls, work: started.append(1) or start(cls, work)))
+    monkeypatch.setattr(forked.ForkedWork, "start",
+                        classmethod(lambda cls, work: started.append(1) or start(cls, work)))
     assert _validated(_CHECKED[case]()) == inline
     assert started == [1]
     if case == "related symbols":

@@ -63,17 +63,24 @@ def validate_model(model: ModelProto, *, source: str = "model", base_dir: str | 
         if subgraph_paths is not None:
             subgraph_paths.extend(facts.subgraph_paths)
         check_tensors(model, source, base_dir, raw, main_rows, nested)
-        stand_ins: list[onnx.TensorProto] = []
-        if main_rows is None:
-            light = light_copy(model, stand_ins, nested=nested)
-        else:
-            light = light_copy(model, stand_ins, [row[4] for row in main_rows], [row[6] for row in main_rows], nested)
-        run_checker(light, source, stand_ins)
+        light = _checked_copy(model, source, main_rows, nested)
     except BaseException:  # steps 2-4 come first: the child's answer is not needed
         inference.drop()
         raise
     outputs = None if main_rows is None else (o for row in main_rows for o in row[1])
     return inference.result(functools.partial(inferred_after_check, light, source, nested, outputs))
+
+
+def _checked_copy(model: ModelProto, source: str, main_rows: list[tuple] | None, nested: bool) -> ModelProto:
+    """Step 4: the light copy of ``model``, which onnx's checker passed. ``main_rows``: the structure
+    check's rows, where it kept them; ``nested``: whether it found subgraphs."""
+    stand_ins: list[onnx.TensorProto] = []
+    if main_rows is None:
+        light = light_copy(model, stand_ins, nested=nested)
+    else:
+        light = light_copy(model, stand_ins, [row[4] for row in main_rows], [row[6] for row in main_rows], nested)
+    run_checker(light, source, stand_ins)
+    return light
 
 
 def inferred_after_check(light: ModelProto, source: str, nested: bool, outputs: Iterable[str] | None = None
