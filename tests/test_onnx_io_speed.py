@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -338,3 +339,26 @@ def test_a_child_that_gives_no_answer_is_replaced_by_inference_here(monkeypatch,
 
     monkeypatch.setattr(forked, "_child", child)
     assert _validated(_CHECKED[case]()) == inline
+
+
+def test_an_error_of_the_parents_ends_the_child_unheard(monkeypatch) -> None:
+    """A structure error is raised at once, the child (here one that would take a minute) ended and
+    reaped, not waited for; where no process can be forked, inference runs inline."""
+    inline = _validated(_ill_typed())
+    monkeypatch.setattr(forked, "may_fork", lambda m: True)
+    monkeypatch.setattr(forked, "_child", lambda work, fd: (time.sleep(60), os._exit(0)))
+    children = []
+    start = forked.ForkedWork.start.__func__
+    monkeypatch.setattr(forked.ForkedWork, "start",
+                        classmethod(lambda cls, work: children.append(start(cls, work)) or children[-1]))
+    began = time.monotonic()
+    assert "input 'nope' is not produced" in _validated(_dangling(_mlp()))
+    assert time.monotonic() - began < 30 and len(children) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(children[0]._pid, os.WNOHANG)
+
+    def no_fork():
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert _validated(_ill_typed()) == inline and children[1:] == [None]
