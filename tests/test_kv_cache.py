@@ -43,6 +43,30 @@ def _kv_decoder(present: str = "total_sequence", masked: bool = True) -> onnx.Mo
                  [weight("W", WIDTH, WIDTH), axis1, onnx.numpy_helper.from_array(np.float32(0), "axis1f")])
 
 
+def merged_decoder(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``step`` twice, as the two branches of an ``If`` on ``use_cache_branch``: a merged decoder's form."""
+    outer = {vi.name for vi in step.graph.input} | {t.name for t in step.graph.initializer}
+
+    def branch(tag: str) -> onnx.GraphProto:
+        g = onnx.GraphProto()
+        g.CopyFrom(step.graph)
+        g.name = tag
+        del g.input[:], g.initializer[:]
+        rename = {n: f"{tag}/{n}" for node in g.node for n in node.output}
+        for node in g.node:
+            node.name = f"{tag}/{node.name}"
+            node.input[:] = [rename.get(n, n) if n not in outer else n for n in node.input]
+            node.output[:] = [rename[n] for n in node.output]
+        for vi in g.output:
+            vi.name = rename[vi.name]
+        return g
+
+    return model([helper.make_node("If", ["use_cache_branch"], [o.name for o in step.graph.output], name="if",
+                                   then_branch=branch("past"), else_branch=branch("first"))],
+                 [*step.graph.input, fin("use_cache_branch", 1, dtype=TensorProto.BOOL)], list(step.graph.output),
+                 list(step.graph.initializer))
+
+
 @pytest.mark.parametrize("present", ["total_sequence", "past_sequence + sequence"])
 def test_a_cached_decoder_validates_with_the_mask_as_long_as_past_and_new_tokens(tmp_path, present):
     """Every dim drawn at 2 gave a mask of 2 columns against 2 + 2 keys: the FP32 run failed
@@ -142,26 +166,5 @@ def test_a_merged_decoders_token_ids_are_drawn_over_the_table_its_branches_read(
 def test_a_merged_decoder_plans_total_sequence_from_the_past_length_given():
     """The cache's Concat sits in the If branches of a merged decoder: the cheap test before the
     inference looked at the main graph only, and the plan kept total_sequence at the default."""
-    step = _kv_decoder(masked=False)
-    outer = {vi.name for vi in step.graph.input} | {t.name for t in step.graph.initializer}
-
-    def branch(tag: str) -> onnx.GraphProto:
-        g = onnx.GraphProto()
-        g.CopyFrom(step.graph)
-        g.name = tag
-        del g.input[:], g.initializer[:]
-        rename = {n: f"{tag}/{n}" for node in g.node for n in node.output}
-        for node in g.node:
-            node.name = f"{tag}/{node.name}"
-            node.input[:] = [rename.get(n, n) if n not in outer else n for n in node.input]
-            node.output[:] = [rename[n] for n in node.output]
-        for vi in g.output:
-            vi.name = rename[vi.name]
-        return g
-
-    merged = model([helper.make_node("If", ["use_cache_branch"], [o.name for o in step.graph.output], name="if",
-                                     then_branch=branch("past"), else_branch=branch("first"))],
-                   [*step.graph.input, fin("use_cache_branch", 1, dtype=TensorProto.BOOL)], list(step.graph.output),
-                   list(step.graph.initializer))
-    report = convert_onnx(merged, dim_values={"past_sequence": 100})[1]
+    report = convert_onnx(merged_decoder(_kv_decoder(masked=False)), dim_values={"past_sequence": 100})[1]
     assert report.summary["dim_values"]["total_sequence"] == 100 + 8
