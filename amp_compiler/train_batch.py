@@ -4,8 +4,11 @@ tensor, a constant or a nested dict/list/tuple of them (a Hugging Face collator'
 The capture takes the tree's tensor leaves, flattened with ``torch.utils._pytree``, as graph inputs;
 its structure and its constant leaves (None, bools, ints, floats, strings: the trace bakes them in)
 are part of the capture key, and the model and ``loss_fn`` are called with the tree rebuilt. A batch
-must have the example's structure (its containers, keys in order, and tensors where the example has
+must have the example's structure (its containers, their keys, and tensors where the example has
 tensors, of the same dims and dtype): anything else is refused before it runs, naming where it differs.
+A dict with the example's keys in another order (a collator that builds it otherwise) is taken in the
+example's order (``in_example_order``): ``model(**batch)`` and a ``loss_fn`` reading by key do not see
+the order, and the capture's inputs are the leaves in the example's order.
 """
 
 from __future__ import annotations
@@ -83,6 +86,17 @@ def template(items: tuple, what: str) -> tuple:
     return pytree.tree_map(lambda t: TensorSlot(t.dim(), t.dtype) if isinstance(t, torch.Tensor) else t, items)
 
 
+def in_example_order(want: Any, got: Any) -> Any:
+    """``got`` with every dict that holds the same keys as the example's (``template``) rebuilt in the
+    example's key order; anything unlike the example is left as it is, for ``check_like`` to name."""
+    if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
+        return {k: in_example_order(want[k], got[k]) for k in want}
+    if isinstance(want, (list, tuple)) and type(got) is type(want) and len(got) == len(want):
+        rebuilt = (in_example_order(w, g) for w, g in zip(want, got))
+        return type(got)(*rebuilt) if hasattr(type(got), "_fields") else type(got)(rebuilt)
+    return got
+
+
 def check_like(want: tuple, items: tuple) -> None:
     """Refuse a batch unlike the example (``template``), naming where; constants may take other values."""
     if len(items) != len(want):
@@ -112,10 +126,8 @@ def _like(want: Any, got: Any, where: str) -> None:
         raise ValueError(f"compile_training: {where} is a {type(got).__name__}, the example's is a "
                          f"{type(want).__name__}")
     if isinstance(want, dict):
-        if list(got) != list(want):
-            order = " in another order" if set(got) == set(want) else ""
-            raise ValueError(f"compile_training: {where} has the keys {_keys(got)}{order}, the example's "
-                             f"{_keys(want)}")
+        if list(got) != list(want):  # the same keys in another order were put in the example's (in_example_order)
+            raise ValueError(f"compile_training: {where} has the keys {_keys(got)}, the example's {_keys(want)}")
         for k in want:
             _like(want[k], got[k], f"{where}[{k!r}]")
         return

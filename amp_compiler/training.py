@@ -102,7 +102,7 @@ class TrainStep:
         if named and batch:
             raise ValueError("compile_training: pass the step's batch positionally, step(*batch) or step(batch) "
                              "for a dict, or as keywords, step(**batch), not both")
-        items = tb.plain((named,) if named else batch)
+        items = tb.in_example_order(self._template, tb.plain((named,) if named else batch))
         tb.check_like(self._template, items)  # before anything runs or changes
         batch, tree = tb.flatten(items)
         self._hooks.check("compile_training", stacklevel=3, fix="compute what it collects in loss_fn")
