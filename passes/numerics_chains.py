@@ -5,7 +5,8 @@
 * ``eps_chains``: reduction -> add-eps -> sqrt/rsqrt/reciprocal stays FP32 when eps is below
   the dtype's smallest normal; an output the dtype cannot hold (1/eps) is flagged.
 * ``normalisations``: a written-out LayerNorm/RMSNorm's final Div (or Mul by the reciprocal root)
-  writes a bounded value: deny propagation stops there as at LayerNormalization.
+  writes a bounded value: deny propagation stops there as at LayerNormalization; so it does at
+  ``ratio_to_own_mean``, a non-negative value over its own mean (ConvNeXt-V2's GRN).
 * ``saturating_powers``: a small power (x^2, x^3) whose value reaches only a saturating op
   (tanh, sigmoid, erf) through scaling and shifting is safe in the low dtype: where it
   overflows to inf the saturating op returns its limit, as FP32 does (GELU's tanh form).
@@ -30,6 +31,8 @@ _ROOTS = frozenset({"sqrt", "rsqrt", "reciprocal"})
 #: elementwise ops allowed between the reduction and the root (add eps, scale, cast)
 _BETWEEN = frozenset({"add", "mul", "div", "cast", "identity"})
 _MAX_CHAIN = 4
+#: ops whose output is never negative (norms, roots, magnitudes)
+_NON_NEGATIVE = frozenset({"reduce_l2", "reduce_l1", "sqrt", "abs"})
 #: a trig argument this large is typical of RoPE at long context (positions up to 2048)
 _ANGLE = 2048.0
 
@@ -135,6 +138,39 @@ def writes_normalisation(graph: PrecisionGraph, op: Op) -> bool:
     return any(_root_of_squares(graph, scale, value, reciprocal=op.canonical == "mul") for value, scale in pairs)
 
 
+def ratio_to_own_mean(graph: PrecisionGraph, op: Op) -> bool:
+    """Whether ``op`` is ``Div(v, mean(v) + eps)`` (or without eps) of a non-negative ``v``: GRN's
+    ``Nx = Gx / (mean(Gx) + eps)`` over ConvNeXt-V2's per-channel norms ``Gx``. Each value is at most
+    the number averaged times the mean, so the result is bounded whatever ``v``'s range: deny
+    propagation from the norm stops there (``propagate.py``); it had kept each block's ``x * Nx`` and
+    residual FP32, casts on both sides (a default ConvNeXt-V2 at 1.00x its FP32 time)."""
+    if op.canonical != "div" or len(op.inputs) != 2 or not all(op.inputs):
+        return False
+    value, divisor = op.inputs
+    source = graph.producer(value)
+    if source is None or source.canonical not in _NON_NEGATIVE:
+        return False
+    mean = graph.producer(divisor)
+    if mean is not None and mean.canonical == "add":  # + eps
+        mean = _past_eps(graph, mean)
+    return mean is not None and mean.canonical == "reduce_mean" and mean.inputs[:1] == [value]
+
+
+def _past_eps(graph: PrecisionGraph, add: Op) -> Op | None:
+    """The producer of what ``add`` adds a constant to (a one-element constant in ONNX, a scalar
+    argument in aten), or None where it adds two activations."""
+    operands = [i for i in add.inputs if i]
+    if len(operands) == 1 and add.scalars:
+        return graph.producer(operands[0])
+    varying = [i for i in operands if not _one_constant(graph, i)]
+    return graph.producer(varying[0]) if len(operands) == 2 and len(varying) == 1 else None
+
+
+def _one_constant(graph: PrecisionGraph, tensor: str) -> bool:
+    stats = graph.tensors[tensor].stats
+    return stats is not None and stats.size == 1
+
+
 def _root_of_squares(graph: PrecisionGraph, tensor: str, value: str, reciprocal: bool) -> bool:
     """Whether ``tensor`` is sqrt (1/sqrt when ``reciprocal``) of a reduction over ``value`` squared, plus eps."""
     root = graph.producer(tensor)
@@ -238,5 +274,6 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations", "writes_normalisation",
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations", "ratio_to_own_mean",
+           "writes_normalisation",
            "saturating_powers", "trig_chains"]

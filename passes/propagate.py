@@ -16,7 +16,8 @@ Rewrite cases:
    infer/clear ops is ineligible too, with the clear ops between them; a clear op on the
    way to an allow op is left to the cost model. The walk stops at ops whose output is
    bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``, and the
-   final Div/Mul of a written-out LayerNorm/RMSNorm: ``normalisations``); they stay candidates.
+   final Div/Mul of a written-out LayerNorm/RMSNorm: ``normalisations``, and a non-negative value over
+   its own mean, GRN's: ``ratio_to_own_mean``); they stay candidates.
 5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -46,7 +47,7 @@ from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 from amp_compiler.report_memory import is_view
 
 from .base import Pass, PassResult, PlanContext, check, snapshot
-from .numerics_chains import BOUNDED, writes_normalisation
+from .numerics_chains import BOUNDED, ratio_to_own_mean, writes_normalisation
 from .user_rules import forced_low, kept_by_name
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
@@ -195,7 +196,7 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
                 passes_through = cons in candidates or c.precision == FLOAT32  # FP32 for another rule
                 if passes_through and cons not in reached and c.op_class in (INFER, CLEAR) \
                         and c.canonical not in BOUNDED and c.input_roles[cport] in (UNIT, ANY) \
-                        and not writes_normalisation(graph, c):  # asked last: of the few ops reached
+                        and not writes_normalisation(graph, c) and not ratio_to_own_mean(graph, c):  # asked last
                     reached[cons] = (source, name)
                     queue.append((cons, source))
     tainted = {n: v for n, v in reached.items() if graph.ops[n].op_class == INFER and n in candidates}
