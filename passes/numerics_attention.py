@@ -27,7 +27,9 @@ _PRODUCTS = frozenset({"matmul", "einsum"})
 _SCALES = frozenset({"mul", "div"})
 _SOFTMAX = frozenset({"softmax", "log_softmax"})
 _MAX_BACK = 8  # data-movement ops walked back from an operand
-_MAX_STATIC = 4  # ops deep a value computed from constants alone is still recognised as static
+_MAX_STATIC = 8  # ops deep a value computed from constants and shapes alone is still recognised as static
+#: ops whose output is a tensor's dims, not its values: static however the tensor was computed
+_SHAPES = frozenset({"shape", "size"})
 _MAX_SOURCE = 16  # ops walked back from an operand to the value it projects
 _WEIGHT_PRODUCTS = frozenset({"matmul", "gemm", "einsum"})  # canonical names: aten addmm/linear are gemm
 _AFFINE = frozenset({"add", "sub", "mul", "div"})
@@ -120,13 +122,16 @@ def _from_bounded(graph: PrecisionGraph, tensor: str, norms: set[str]) -> bool:
 
 
 def _static(graph: PrecisionGraph, tensor: str, depth: int) -> bool:
-    """A constant, or computed from constants alone within ``depth`` ops (``sqrt(tensor(64.))``)."""
+    """A constant, or computed from constants and shapes alone within ``depth`` ops (``sqrt(tensor(64.))``;
+    the TorchScript exporter's ``sqrt(1 / sqrt(Shape(q)[-1]))`` for an SDPA called without ``scale=``)."""
     t = graph.tensors[tensor]
     if t.is_constant:
         return True
     if depth == 0 or t.kind != "activation":
         return False
     op = graph.producer(tensor)
+    if op is not None and op.canonical in _SHAPES:
+        return True
     return op is not None and all(not i or _static(graph, i, depth - 1) for i in op.inputs)
 
 

@@ -56,3 +56,42 @@ def test_a_grn_ratio_to_its_own_mean_stops_deny_propagation_and_the_block_runs_f
     for name in ("pwconv1", "grn_apply", "grn_gamma", "grn_beta", "grn_residual", "pwconv2"):
         assert precision[name] == "float16", (name, precision)
     assert result.costs.prediction.mixed_s < 0.95 * result.costs.prediction.fp32_s
+
+
+def _sdpa_as_torchscript_writes_it(d: int = 64) -> onnx.ModelProto:
+    """``F.scaled_dot_product_attention(q, k, v)`` without ``scale=``, as the TorchScript exporter writes
+    it (Falcon's attention): the scale ``1/sqrt(d)`` computed from ``q``'s shape, its square root
+    multiplied into q and into k transposed, then the scores' MatMul and Softmax."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+        helper.make_node("Shape", ["q"], ["q_shape"], name="shape"),
+        helper.make_node("Slice", ["q_shape", "minus1", "end"], ["d_int"], name="last_dim"),
+        helper.make_node("Cast", ["d_int"], ["d_float"], name="d_float", to=onnx.TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["d_float"], ["sqrt_d"], name="sqrt_d"),
+        helper.make_node("Div", ["one", "sqrt_d"], ["scale"], name="scale"),
+        helper.make_node("Cast", ["scale"], ["scale_f"], name="scale_cast", to=onnx.TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["scale_f"], ["sqrt_scale"], name="sqrt_scale"),
+        helper.make_node("Mul", ["q", "sqrt_scale"], ["q_scaled"], name="q_scaled"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("Mul", ["kt", "sqrt_scale"], ["kt_scaled"], name="kt_scaled"),
+        helper.make_node("MatMul", ["q_scaled", "kt_scaled"], ["scores"], name="scores"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+    ]
+    inits = [weight("wq", d, d), weight("wk", d, d), weight("wv", d, d),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+             numpy_helper.from_array(np.array([2**62], np.int64), "end"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    return model(nodes, [fin("x", 8, 256, d)], [fin("y", 8, 256, d)], inits)
+
+
+def test_attention_scaled_by_a_factor_computed_from_a_shape_is_not_held_fp32_as_unscaled():
+    """A Falcon exported by the TorchScript exporter kept its scores' MatMul FP32 as "unscaled attention
+    scores" (and, with the casts around it, the whole model by cost): its ``1/sqrt(d)`` is computed from
+    ``Shape(q)``, which the rule took for an activation's value rather than a static one."""
+    result = plan_result(_sdpa_as_torchscript_writes_it())
+    scores = result.graph.ops["scores"]
+    assert "unscaled attention scores" not in (scores.reason or ""), scores.reason
+    assert scores.precision == "float16"
