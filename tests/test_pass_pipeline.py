@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from amp_compiler.plan import make_context, run_passes
-from passes import AlignPass, CastPass, ClassifyPass, ConvertPass, NumericsPass, PropagatePass
+from passes import AlignPass, CastPass, ClassifyPass, ConvertPass, NumericsPass, PropagatePass, casts
 from passes.base import PassError
 from passes.result import AlignmentFinding, PlanResult
 
@@ -117,16 +117,31 @@ def test_casts_on_an_all_fp32_plan_change_nothing():
 
 
 def test_casts_ensures_catches_a_port_left_in_the_wrong_dtype():
-    class Broken(CastPass):
-        def call(self, graph, ctx):
-            result = super().call(graph, ctx)
-            graph.tensors["mm1_out"].dtype = "float32"
-            return result
+    """On a graph it did not just plan, the check walks every port of every op."""
+    b = _mlp()
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), CastPass(), target="a100")
+    b.graph.tensors["mm1_out"].dtype = "float32"
+    with pytest.raises(PassError, match=r"casts: ensures violated: every op's unit ports carry its precision "
+                                        r"\(mm1 out\[0\]"):
+        CastPass().ensures(b.graph, make_context(target="a100"))
 
+
+def test_casts_ensures_catches_a_cast_its_own_rewrite_got_wrong(monkeypatch):
+    """After ``call``, the ports it rewired are checked again: a cast that converts nothing leaves
+    mm1 reading FP32 x in FP16."""
+    make_cast = casts.make_cast
+
+    def converting_nothing(graph, t, dtype, out_name=None):
+        out, cast = make_cast(graph, t, dtype, out_name)
+        out.dtype = t.dtype
+        return out, cast
+
+    monkeypatch.setattr(casts, "make_cast", converting_nothing)
     b = _mlp()
     b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), target="a100")
-    with pytest.raises(PassError, match="casts: ensures violated: every op's unit ports carry its precision"):
-        Broken()(b.graph, make_context(target="a100"))
+    with pytest.raises(PassError, match=r"casts: ensures violated: every op's unit ports carry its precision "
+                                        r"\(mm1 in\[0\]"):
+        CastPass()(b.graph, make_context(target="a100"))
 
 
 def test_align_reports_dims_off_the_tensor_core_granularity_and_never_modifies():
