@@ -72,6 +72,18 @@ def check(pass_name: str, stage: str, bad: Iterable[str], what: str) -> None:
         raise PassError(f"{pass_name}: {stage} violated: {what} ({names})")
 
 
+def unclassified(graph: PrecisionGraph) -> Iterable[str]:
+    """Names of the source ops (not inserted by a pass) without a class. Whether any op lacks one is
+    asked in C first: after classify, none does, and no Python step per op is taken to say so."""
+    ops = graph.ops.values()
+    if None not in map(_OP_CLASS, ops):
+        return ()
+    return [op.name for op in ops if not op.inserted and op.op_class is None]
+
+
+_OP_CLASS = attrgetter("op_class")
+
+
 def snapshot(graph: PrecisionGraph, *fields: str) -> list:
     """The listed attributes of every op (a tuple per op, or the value for one field), to compare
     before/after and report ``modified`` honestly; ``attrgetter`` reads them in C."""

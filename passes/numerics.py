@@ -85,7 +85,7 @@ from .numerics_centring import centrings
 from .numerics_chains import eps_chains, mask_sentinel, saturating_powers, trig_chains
 from .numerics_magnitude import tiny_products
 
-from .base import Pass, PassResult, PlanContext, check
+from .base import Pass, PassResult, PlanContext, check, unclassified
 from .propagate import after_unscale
 from .result import NumericsFlags
 
@@ -110,8 +110,7 @@ class NumericsPass(Pass):
     name = "numerics"
 
     def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
-              "every op has a class (run classify first)")
+        check(self.name, "requires", unclassified(graph), "every op has a class (run classify first)")
         if ctx.low_dtype not in RANGES:
             raise ValueError(f"no numeric range known for {ctx.low_dtype!r}: use float16 or bfloat16")
 

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from amp_compiler.dtypes import FLOAT32, short
-from amp_compiler.ir import ANY, UNIT, PrecisionGraph
+from amp_compiler.dtypes import FLOAT32, FLOAT_DTYPES, short
+from amp_compiler.ir import ANY, UNIT, Op, PrecisionGraph
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 from amp_compiler.report_memory import is_view
 
-from .base import Pass, PassResult, PlanContext, check, snapshot
+from .base import Pass, PassResult, PlanContext, check, snapshot, unclassified
 from .numerics_chains import BOUNDED, ratio_to_own_mean, writes_normalisation
 from .user_rules import forced_low, kept_by_name
 
@@ -65,91 +65,107 @@ class PropagatePass(Pass):
     name = "propagate"
 
     def requires(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        check(self.name, "requires", (op.name for op in graph.ops.values() if not op.inserted and op.op_class is None),
-              "every op has a class (run classify first)")
+        check(self.name, "requires", unclassified(graph), "every op has a class (run classify first)")
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         before = snapshot(graph, "eligible", "precision", "reason")
         unscaled = after_unscale(graph)
-        near_unsafe = _near_unsafe_values(graph)
-        candidates = []
-        for op in graph.ops.values():
-            op.eligible = False
-            if op.inserted or UNIT not in op.input_roles and UNIT not in op.output_roles:  # has_unit_ports, inlined
-                continue
-            if op.source_dtype not in (FLOAT32, ctx.low_dtype):
-                op.precision = op.source_dtype  # e.g. a BF16 op when planning FP16: not ours to change
-                op.reason = f"{op.op_class}: {OTHER_DTYPE} ({op.source_dtype})"
-                continue
-            op.precision = FLOAT32
-            if op.name in unscaled:
-                op.reason = AFTER_UNSCALE
-            elif op.op_class in (DENY, UNKNOWN):
-                pass  # classify already gave the reason
-            elif op.forbid_low:
-                op.reason = f"{op.op_class}: {op.forbid_low}"
-            elif op.name in near_unsafe and (unsafe := _unsafe_constant(graph, op)) is not None:
-                op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
-            elif ctx.earlier_fp32 and op.name in ctx.earlier_fp32:
-                op.reason = f"{op.op_class}: {EARLIER_FP32}: {ctx.earlier_fp32[op.name]}"
-            elif op.source_dtype == ctx.low_dtype:
-                op.precision = ctx.low_dtype  # a model converted before (onnxconverter-common, ours): not undone
-                op.reason = f"{op.op_class}: {ALREADY_LOW} ({short(ctx.low_dtype)})"
-            else:
-                op.precision = None
-                candidates.append(op.name)
-        if ctx.deny_propagation:
-            tainted = _downstream_of_deny(graph, set(candidates), ctx)
+        candidates, denied = _candidates(graph, ctx, unscaled)
+        if ctx.deny_propagation and denied:
+            tainted = _downstream_of_deny(graph, denied, {op.name for op in candidates}, ctx)
             for name, (source, via) in tainted.items():
                 op = graph.ops[name]
                 op.precision = FLOAT32
                 op.reason = (f"{op.op_class}: downstream of deny op {source} through {via}: "
                              f"the range of what it reads is unknown in the low dtype")
-            candidates = [n for n in candidates if n not in tainted]
-        parent = {name: name for name in candidates}
-
-        def find(x: str) -> str:
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
-        for t in graph.float_tensors():
-            if t.producer not in parent:
-                continue
-            prod = graph.ops[t.producer]
-            if prod.output_roles[t.producer_port] != UNIT:
-                continue
-            for cons_name, port in t.consumers:
-                if cons_name in parent and graph.ops[cons_name].input_roles[port] in (UNIT, ANY):
-                    a, b = find(t.producer), find(cons_name)
-                    if a != b:
-                        parent[a] = b
-        root = {name: find(name) for name in candidates}  # each candidate's group, found once
+            if tainted:
+                candidates = [op for op in candidates if op.name not in tainted]
+        roots = _group_roots(graph, candidates)
         forced = forced_low(graph, ctx)
-        seeded = {root[n] for n in candidates if graph.ops[n].op_class == ALLOW or n in forced}
+        seeded = {root for op, root in zip(candidates, roots) if op.op_class == ALLOW or op.name in forced}
         moves_only = set()
         if ctx.planner == "all":
-            moves_only = _groups_only_moving_fp32_data(graph, candidates, root.__getitem__, ctx)
-            seeded |= {root[n] for n in candidates
-                       if graph.ops[n].canonical not in _CONSTANTS and root[n] not in moves_only}
+            names = [op.name for op in candidates]
+            moves_only = _groups_only_moving_fp32_data(graph, names, dict(zip(names, roots)).__getitem__, ctx)
+            seeded |= {root for op, root in zip(candidates, roots)
+                       if op.canonical not in _CONSTANTS and root not in moves_only}
         eligible = 0
-        for name in candidates:
-            op = graph.ops[name]
-            if root[name] in seeded:
+        for op, root in zip(candidates, roots):
+            if root in seeded:
                 op.eligible = True
                 eligible += 1
             else:
                 op.precision = op.source_dtype
                 op.reason = f"{op.op_class}: {NOT_CONNECTED}"
-                if root[name] in moves_only:
+                if root in moves_only:
                     op.reason += f"; {MOVES_ONLY}"
                 if op.source_dtype != FLOAT32:
                     op.reason += f"; keeps its source dtype {op.source_dtype}"
-        details = f"{eligible} of {len(candidates) + (len(graph.ops) - len(candidates))} ops eligible"
+        details = f"{eligible} of {len(graph.ops)} ops eligible"
         if unscaled:
             details += f", {len(unscaled)} after unscale markers"
         return PassResult(graph, snapshot(graph, "eligible", "precision", "reason") != before, details)
+
+
+def _candidates(graph: PrecisionGraph, ctx: PlanContext, unscaled: set[str]) -> tuple[list[Op], list[Op]]:
+    """Rules 1-3 in one walk over the ops: each op with unit ports gets its precision and reason, or is
+    a candidate (precision None). Returns the candidates and the deny ops that seed rule 4, in graph
+    order. Every op's ``eligible`` is reset."""
+    near_unsafe = _near_unsafe_values(graph)
+    candidates, denied = [], []
+    for op in graph.ops.values():
+        op.eligible = False
+        if op.op_class == DENY:
+            denied.append(op)
+        if op.inserted or UNIT not in op.input_roles and UNIT not in op.output_roles:  # has_unit_ports, inlined
+            continue
+        if op.source_dtype not in (FLOAT32, ctx.low_dtype):
+            op.precision = op.source_dtype  # e.g. a BF16 op when planning FP16: not ours to change
+            op.reason = f"{op.op_class}: {OTHER_DTYPE} ({op.source_dtype})"
+            continue
+        op.precision = FLOAT32
+        if op.name in unscaled:
+            op.reason = AFTER_UNSCALE
+        elif op.op_class in (DENY, UNKNOWN):
+            pass  # classify already gave the reason
+        elif op.forbid_low:
+            op.reason = f"{op.op_class}: {op.forbid_low}"
+        elif op.name in near_unsafe and (unsafe := _unsafe_constant(graph, op)) is not None:
+            op.reason = f"{op.op_class}: {unsafe}; kept FP32 rather than clamped"
+        elif ctx.earlier_fp32 and op.name in ctx.earlier_fp32:
+            op.reason = f"{op.op_class}: {EARLIER_FP32}: {ctx.earlier_fp32[op.name]}"
+        elif op.source_dtype == ctx.low_dtype:
+            op.precision = ctx.low_dtype  # a model converted before (onnxconverter-common, ours): not undone
+            op.reason = f"{op.op_class}: {ALREADY_LOW} ({short(ctx.low_dtype)})"
+        else:
+            op.precision = None
+            candidates.append(op)
+    return candidates, denied
+
+
+def _group_roots(graph: PrecisionGraph, candidates: list[Op]) -> list[str]:
+    """Rule 5's groups: each candidate's root (an op name), candidates linked wherever a float tensor
+    flows from one's unit output into another's unit/any input (union-find over the candidates'
+    outputs, so no other tensor is read)."""
+    parent = {op.name: op.name for op in candidates}
+    ops, tensors = graph.ops, graph.tensors
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for op in candidates:
+        for out, role in zip(op.outputs, op.output_roles):
+            if role != UNIT or not out or (t := tensors[out]).dtype not in FLOAT_DTYPES:
+                continue
+            for cons_name, cport in t.consumers:
+                if cons_name in parent and ops[cons_name].input_roles[cport] in (UNIT, ANY):
+                    a, b = find(op.name), find(cons_name)
+                    if a != b:
+                        parent[a] = b
+    return [find(op.name) for op in candidates]
 
 
 def _groups_only_moving_fp32_data(graph: PrecisionGraph, candidates: list[str], find, ctx: PlanContext) -> set[str]:
@@ -172,7 +188,8 @@ def _groups_only_moving_fp32_data(graph: PrecisionGraph, candidates: list[str], 
     return {find(n) for n in candidates} - computing - reads_input
 
 
-def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanContext) -> dict[str, tuple[str, str]]:
+def _downstream_of_deny(graph: PrecisionGraph, denied: list[Op], candidates: set[str], ctx: PlanContext
+                        ) -> dict[str, tuple[str, str]]:
     """Infer ops fed by a deny op through infer/clear ops, and the clear ops between them (TF's rule).
 
     ``deny -> infer -> clear -> infer -> clear -> allow`` taints the two infer ops and the
@@ -183,8 +200,7 @@ def _downstream_of_deny(graph: PrecisionGraph, candidates: set[str], ctx: PlanCo
     its values are of unknown range.
     """
     reached: dict[str, tuple[str, str]] = {}
-    queue = deque((op.name, op.name) for op in graph.ops.values()
-                  if op.op_class == DENY and not kept_by_name(op.name, ctx))
+    queue = deque((op.name, op.name) for op in denied if not kept_by_name(op.name, ctx))
     while queue:
         name, source = queue.popleft()
         op = graph.ops[name]
