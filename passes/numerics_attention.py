@@ -41,15 +41,20 @@ def unscaled_attention(graph: PrecisionGraph, rng: DtypeRange, label: str) -> di
     if rng.max >= _WIDE:
         return {}
     out: dict[str, str] = {}
+    tensors = graph.tensors
     bounded: set[str] | None = None  # written-out norms, found once a candidate needs them
     for op in graph.ops.values():
         if op.canonical not in _PRODUCTS or not op.outputs or not op.outputs[0]:
             continue
         operands = [i for i in op.inputs if i]
-        if len(operands) != 2 or _weight_product(graph, operands) or _own_scale(op):
-            continue
+        if len(operands) != 2 or tensors[operands[0]].is_constant or tensors[operands[1]].is_constant \
+                or _own_scale(op):
+            continue  # a weight GEMM (most products), or scaled by its own alpha
+        # every test is a condition on its own, so the cheap and selective ones go first: the walk
+        # forward to a softmax ends at the first other reader, where the walks back from both operands
+        # (is either computed from constants?) run to their full depth for every product of activations
         path = mask_flow(graph, op.outputs[0])  # the ops to the softmax it feeds, or None
-        if path is None or any(_scales(graph, graph.ops[n]) for n in path):
+        if path is None or any(_scales(graph, graph.ops[n]) for n in path) or _weight_product(graph, operands):
             continue
         if any(_scaled_operand(graph, t) for t in operands):
             continue
@@ -86,7 +91,8 @@ def _scales(graph: PrecisionGraph, op: Op) -> bool:
     """A Mul or Div of a value by a static one (a constant, a scalar argument, or computed from them)."""
     if op.canonical not in _SCALES:
         return False
-    return bool(op.scalars) or any(i and _static(graph, i, _MAX_STATIC) for i in op.inputs)
+    return bool(op.scalars) or any(i and graph.tensors[i].is_constant for i in op.inputs) \
+        or any(i and _static(graph, i, _MAX_STATIC) for i in op.inputs)  # constants first: no walk back
 
 
 def _scaled_operand(graph: PrecisionGraph, tensor: str) -> bool:

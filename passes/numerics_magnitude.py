@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from amp_compiler.dtypes import is_float
-from amp_compiler.ir import Op, PrecisionGraph
+from amp_compiler.ir import Op, PrecisionGraph, Tensor
 from amp_compiler.numerics import DtypeRange
 from amp_compiler.registry import CLEAR
 
@@ -36,8 +36,14 @@ def tiny_products(graph: PrecisionGraph, rng: DtypeRange, label: str) -> dict[st
     """tensor name -> reason, for values a tiny constant factor keeps below ``rng.min_normal``."""
     size: dict[str, float] = {}  # tensor -> estimated magnitude for O(1) activations
     source: dict[str, str] = {}  # tensor -> the constant behind it
+    terms: dict[tuple, tuple | None] = {}  # _product's memo: weights shared by many ops are sized once
     for op in graph.ops.values():  # topological order: one sweep follows every chain
-        found = _product(graph, op, size, source) if op.canonical in _PRODUCTS else _carried(graph, op, size, source)
+        if op.canonical in _PRODUCTS:
+            found = _product(graph, op, size, source, terms)
+        elif size:  # nothing flagged yet (most models, always): nothing to carry on
+            found = _carried(graph, op, size, source)
+        else:
+            continue
         if found is None:
             continue
         magnitude, constant = found
@@ -73,7 +79,8 @@ def _absorbed(graph: PrecisionGraph, name: str, size: dict[str, float], absorbed
     return True
 
 
-def _product(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict[str, str]) -> tuple | None:
+def _product(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict[str, str],
+             terms: dict[tuple, tuple | None]) -> tuple | None:
     """(output magnitude, constant behind it) of a product with a tiny factor: a nonzero constant
     (times sqrt of the terms a GEMM sums) or an already flagged value; other operands count as O(1)."""
     magnitude, constant = 1.0, None
@@ -84,14 +91,27 @@ def _product(graph: PrecisionGraph, op: Op, size: dict[str, float], source: dict
             magnitude, constant = magnitude * size[name], constant or source[name]
             continue
         t = graph.tensors[name]
-        s = t.stats if t.is_constant and is_float(t.dtype) else None
-        if s is None:
+        if not t.is_constant:
+            continue  # an activation: O(1)
+        key = (op.canonical, port, name)
+        if key not in terms:
+            terms[key] = _constant_term(op, port, t)
+        term = terms[key]
+        if term is None:
             continue
-        if s.max_abs == 0:
+        if term[0] == 0:
             return None  # exact zeros stay exact
-        magnitude, constant = magnitude * s.max_abs * math.sqrt(_reduction_length(op, t.shape or (), port)), \
-            constant or name
+        magnitude, constant = magnitude * term[0] * term[1], constant or name
     return (magnitude, constant) if constant else None
+
+
+def _constant_term(op: Op, port: int, t: Tensor) -> tuple[float, float] | None:
+    """(max |c|, sqrt of the terms the product sums) for the constant ``t`` read at ``port`` of an
+    op like ``op``; None for one without statistics or not float."""
+    s = t.stats if is_float(t.dtype) else None
+    if s is None:
+        return None
+    return s.max_abs, math.sqrt(_reduction_length(op, t.shape or (), port)) if s.max_abs else 0.0
 
 
 def _reduction_length(op: Op, shape: tuple, port: int) -> int:
