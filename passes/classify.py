@@ -54,10 +54,21 @@ _DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", 
 class ClassifyPass(Pass):
     name = "classify"
 
+    def __init__(self) -> None:
+        self._decided: tuple[PrecisionGraph, dict] | None = None  # the roles ``call`` worked out, per kind
+
     def ensures(self, graph: PrecisionGraph, ctx: PlanContext) -> None:
-        check(self.name, "ensures", (op.name for op in graph.ops.values() if not op.inserted and (
-            op.op_class is None or len(op.input_roles) != len(op.inputs)
-            or len(op.output_roles) != len(op.outputs))), "every op has a class and a role per port")
+        """Every op has a class and a role per port. After ``call``, the roles are checked where they
+        were worked out, once per kind of op (``_assign_roles``' memo: a kind's key holds its port
+        dtypes, one per port), and the classes in C; on any other graph, op by op."""
+        decided, self._decided = self._decided, None
+        if decided is not None and decided[0] is graph and None not in map(_OP_CLASS, graph.ops.values()):
+            bad = [f"{key[_KEY_OP_TYPE]} ({len(key[_KEY_INPUTS])} inputs, {len(key[_KEY_OUTPUTS])} outputs)"
+                   for key, (ins, outs, *_) in decided[1].items()
+                   if len(ins) != len(key[_KEY_INPUTS]) or len(outs) != len(key[_KEY_OUTPUTS])]
+        else:
+            bad = _unclassified_ports(graph)
+        check(self.name, "ensures", bad, "every op has a class and a role per port")
 
     def call(self, graph: PrecisionGraph, ctx: PlanContext) -> PassResult:
         registry = ctx.registry or DEFAULT_REGISTRY
@@ -65,13 +76,15 @@ class ClassifyPass(Pass):
         before = None if fresh else snapshot(graph, *_DECIDES)
         counts: dict[str, int] = {}
         roles: dict[tuple, tuple] = {}  # what _assign_roles decided, per everything it reads
+        self._decided = (graph, roles)
+        reasons: dict[int, str] = {}  # each registry row's reason, written once (rows by identity)
         dtype_of = {name: t.dtype for name, t in graph.tensors.items()}  # each port's dtype, one lookup
         dtype_of[""] = None  # an absent optional port
         for op in graph.ops.values():
             if op.inserted:
                 continue
             row = registry.by_canonical.get(op.canonical) if op.canonical else None
-            op.op_class, op.reason = _class_of(op, row, ctx)
+            op.op_class, op.reason = _class_of(op, row, ctx, reasons)
             if op.canonical == "reduce_sum" and op.op_class == DENY and op.reason == _registry_reason(row):
                 op.op_class, op.reason = _small_sum(graph, op) or (op.op_class, op.reason)
             op.tensor_core = bool(row and row.tensor_core)
@@ -88,7 +101,16 @@ def _unclassified(graph: PrecisionGraph) -> bool:
     return not any(map(attrgetter("op_class"), graph.ops.values()))
 
 
-def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
+def _unclassified_ports(graph: PrecisionGraph) -> list[str]:
+    """Source ops (not inserted by a pass) without a class or a role per port."""
+    return [op.name for op in graph.ops.values() if not op.inserted and (
+        op.op_class is None or len(op.input_roles) != len(op.inputs) or len(op.output_roles) != len(op.outputs))]
+
+
+_OP_CLASS = attrgetter("op_class")
+
+
+def _class_of(op: Op, row: OpDef | None, ctx: PlanContext, reasons: dict[int, str]) -> tuple[str, str]:
     if op.name in ctx.deny_nodes:  # the fallback names its own (amp_compiler/fallback.py)
         return DENY, (ctx.deny_node_reasons or {}).get(op.name, "deny: node named by the user (--deny-node)")
     if ctx.deny or ctx.allow:  # the op's names are built only when the user named op types
@@ -106,7 +128,10 @@ def _class_of(op: Op, row: OpDef | None, ctx: PlanContext) -> tuple[str, str]:
     for attr, values, why in row.infer_attrs:
         if op.attrs.get(attr) in values:
             return INFER, f"infer: {why}"
-    return row.op_class, _registry_reason(row)
+    reason = reasons.get(id(row))
+    if reason is None:
+        reason = reasons[id(row)] = _registry_reason(row)
+    return row.op_class, reason
 
 
 def _registry_reason(row: OpDef | None) -> str | None:
@@ -145,11 +170,14 @@ def _assign_roles(dtype_of: dict[str, str | None], op: Op, row: OpDef | None, ct
     out_dtypes = tuple(map(dtype_of.__getitem__, op.outputs))
     key = (id(row), known, tuple(map(id, op.port_groups)), in_dtypes, out_dtypes, op.forbid_low, op.op_type,
            ctx.low_dtype)
-    decided = memo.get(key)
+    decided = memo.get(key)  # ClassifyPass.ensures reads the key's port dtypes and op type (_KEY_*)
     if decided is None:
         decided = memo[key] = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
     in_roles, out_roles, op.forbid_low, op.source_dtype = decided
     op.input_roles, op.output_roles = list(in_roles), list(out_roles)
+
+
+_KEY_INPUTS, _KEY_OUTPUTS, _KEY_OP_TYPE = 3, 4, 6  # positions in _assign_roles' memo key
 
 
 def _roles(op: Op, row: OpDef | None, ctx: PlanContext, known: bool, in_dtypes: tuple, out_dtypes: tuple

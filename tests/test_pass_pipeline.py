@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from amp_compiler.plan import make_context, run_passes
-from passes import AlignPass, CastPass, ClassifyPass, ConvertPass, NumericsPass, PropagatePass, casts
+from passes import AlignPass, CastPass, ClassifyPass, ConvertPass, NumericsPass, PropagatePass, casts, classify
 from passes.base import PassError
 from passes.result import AlignmentFinding, PlanResult
 
@@ -35,6 +35,19 @@ def test_classify_gives_classes_and_roles_and_a_second_run_changes_nothing():
     assert ops["mm1"].input_roles == ["unit", "unit"] and ops["mm1"].tensor_core
     assert first.modified and not second.modified
     assert first.details == "2 allow, 1 deny"
+
+
+def test_classify_ensures_checks_each_kind_of_op_where_its_roles_were_worked_out(monkeypatch):
+    roles = classify._roles
+
+    def one_role_short(op, *args):
+        ins, outs, forbid_low, source_dtype = roles(op, *args)
+        return (ins[:-1] if op.op_type == "ReduceSum" else ins), outs, forbid_low, source_dtype
+
+    monkeypatch.setattr(classify, "_roles", one_role_short)
+    with pytest.raises(PassError, match=r"classify: ensures violated: every op has a class and a role per port "
+                                        r"\(ReduceSum \(1 inputs, 1 outputs\)\)"):
+        _mlp((64, 64)).run(ClassifyPass())
 
 
 def test_classify_unknown_op_is_class_unknown_with_reason():
