@@ -143,11 +143,12 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
         nu = TIE_TOLERANCE * m32 / t32 if t32 > 0 else 0.0
         return solve_mincut(energy, time_weight=nu, mem_weight=1.0)
     best = solve_mincut(energy)
-    t_best = energy.total(best)[0]
+    priced = _Priced(energy)
+    t_best = priced.time(best)
     if t_best <= 0:
         return best
-    m_best = energy.memory(best)
-    m_low = energy.memory({u: 1 for u in energy.unit_ops})
+    m_best = priced.memory(best)
+    m_low = priced.memory({u: 1 for u in energy.unit_ops})
     if m_best <= m_low:
         return best
     relative = TIE_TOLERANCE * t_best
@@ -155,17 +156,42 @@ def solve_objective(energy: PlanEnergy, objective: str = "time", floor_s: float 
         # what is left to save beyond the fastest plan is worth the whole tolerance: measured from
         # all-FP32 instead, a plan already converting most of the model (a launch-bound decoder's
         # blocks) priced its last GEMM (the LM head behind one output cast) at a fraction of it
-        tie = _near_tie(energy, t_best, tol, tol / (m_best - m_low), m_best, again=tol <= relative)
+        tie = _near_tie(priced, t_best, tol, tol / (m_best - m_low), m_best, again=tol <= relative)
         # the floor of launches is for plans that put more GEMM/conv work in the low dtype (a
         # launch-bound model converting), not for storing FP32 work's weights low and casting them
-        if tie is not None and (energy.total(tie)[0] <= t_best + relative
+        if tie is not None and (priced.time(tie) <= t_best + relative
                                 or energy.low_tc_flops(tie) > energy.low_tc_flops(best)) \
                 and (holds_less is None or holds_less(tie, best)):
             return tie
     return best
 
 
-def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: float,
+class _Priced:
+    """Time and memory of the plans one ``solve_objective`` weighs, each distinct plan priced once:
+    the weighted cuts often return the same plan again (on a 112k-node graph, four cuts one plan),
+    and ``PlanEnergy.total`` / ``memory`` cost tens of milliseconds each there. The plans are
+    ``solve_mincut``'s and the all-low plan, all keyed in ``unit_ops`` order, so their values
+    identify them."""
+
+    def __init__(self, energy: PlanEnergy) -> None:
+        self.energy = energy
+        self._times: dict[bytes, float] = {}
+        self._memories: dict[bytes, float] = {}
+
+    def time(self, plan: dict[int, int]) -> float:
+        key = bytes(plan.values())
+        if key not in self._times:
+            self._times[key] = self.energy.total(plan)[0]
+        return self._times[key]
+
+    def memory(self, plan: dict[int, int]) -> float:
+        key = bytes(plan.values())
+        if key not in self._memories:
+            self._memories[key] = self.energy.memory(plan)
+        return self._memories[key]
+
+
+def _near_tie(priced: _Priced, t_best: float, tol: float, mu: float, m_best: float,
               again: bool = True) -> dict[int, int] | None:
     """The cut of ``time + mu * memory`` (``mu`` halving while it is slower than ``t_best + tol``,
     then doubling while it stays within: ``_spend_rest``), if it needs less memory than ``m_best``;
@@ -175,25 +201,25 @@ def _near_tie(energy: PlanEnergy, t_best: float, tol: float, mu: float, m_best: 
     floor of launches: there doubling would spend up to four launches on a toy graph of a few
     kernels (1.7x slower) that the pro-rata price found not worth it."""
     for _ in range(_TIE_CUTS):
-        tie = solve_mincut(energy, mem_weight=mu)
-        if energy.total(tie)[0] <= t_best + tol:
-            if again or energy.memory(tie) < m_best:
-                tie = _spend_rest(energy, t_best + tol, mu, tie)
-            return tie if energy.memory(tie) < m_best else None
+        tie = solve_mincut(priced.energy, mem_weight=mu)
+        if priced.time(tie) <= t_best + tol:
+            if again or priced.memory(tie) < m_best:
+                tie = _spend_rest(priced, t_best + tol, mu, tie)
+            return tie if priced.memory(tie) < m_best else None
         mu /= 2
     return None
 
 
-def _spend_rest(energy: PlanEnergy, bound: float, mu: float, tie: dict[int, int]) -> dict[int, int]:
+def _spend_rest(priced: _Priced, bound: float, mu: float, tie: dict[int, int]) -> dict[int, int]:
     """``tie`` or, ``mu`` doubling (at most ``_TIE_CUTS`` cuts), the last cut still within ``bound``:
     a pro-rata ``mu`` can leave most of the tolerance unspent on units it prices one by one
     (a wav2vec2's 18 GEMMs at 1 launch together)."""
     for _ in range(_TIE_CUTS):
         mu *= 2
-        more = solve_mincut(energy, mem_weight=mu)
-        if energy.total(more)[0] > bound:
+        more = solve_mincut(priced.energy, mem_weight=mu)
+        if priced.time(more) > bound:
             break
-        if energy.memory(more) < energy.memory(tie):
+        if priced.memory(more) < priced.memory(tie):
             tie = more
     return tie
 
@@ -232,7 +258,7 @@ class _CutEdges:
     def __init__(self, energy: PlanEnergy) -> None:
         self.index = {u: i + 2 for i, u in enumerate(energy.unit_ops)}
         self.units = self._units(energy)
-        self.casts = self._casts(energy.terms)
+        self.casts = self._casts(energy)
         self._mem_terms = energy.mem_terms  # laid out only for a memory-weighted cut (pin_forced's
         self._layouts: dict[bool, tuple] = {}  # energy pins the terms, not the weights)
 
@@ -254,8 +280,10 @@ class _CutEdges:
         """Per unit in order: source -> unit (its low time and bytes), unit -> sink (FP32's)."""
         units = list(energy.unit_ops)
         nodes = np.fromiter(self.index.values(), dtype=np.int64, count=len(units))
-        pairs = [(energy.time_low[u], energy.time_fp32[u], energy.act_low[u], energy.act_fp32[u]) for u in units]
-        low_time, fp32_time, low_bytes, fp32_bytes = np.array(pairs, dtype=np.float64).reshape(-1, 4).T
+        low_time, fp32_time, low_bytes, fp32_bytes = (np.fromiter(map(table.__getitem__, units), dtype=np.float64,
+                                                                  count=len(units))
+                                                      for table in (energy.time_low, energy.time_fp32,
+                                                                    energy.act_low, energy.act_fp32))
         rows = np.stack([np.full_like(nodes, _SOURCE), nodes], axis=1).ravel()
         cols = np.stack([nodes, np.full_like(nodes, _SINK)], axis=1).ravel()
         per_time = np.stack([low_time, fp32_time], axis=1).ravel()
@@ -283,22 +311,50 @@ class _CutEdges:
             self._tie(block, a, b, m.consumers)
         return block.arrays()
 
-    def _casts(self, terms) -> tuple:
-        block = _EdgeBlock()
-        for term in terms:
-            a, b = block.aux(), block.aux()
-            kind, p = term.producer
-            c = term.cast_cost
-            if kind in ("var", "choose"):
-                node = self.index[p] if kind == "var" else block.aux()  # "choose": a free node, no unary cost
-                block.add(node, a, c, 0.0)  # producer FP32, some consumer low
-                block.add(b, node, c, 0.0)  # producer low, some consumer FP32
-            elif p == 0:
-                block.add(_SOURCE, a, c, 0.0)
-            else:
-                block.add(b, _SINK, c, 0.0)
-            self._tie(block, a, b, term.consumers)
-        return block.arrays()
+    def _casts(self, energy: PlanEnergy) -> tuple:
+        """The cast terms' block, from the energy's arrays of their endpoints (``PlanEnergy``'s cast
+        table, which pricing a plan builds anyway: the terms are not walked twice). In term order, as
+        ``_EdgeBlock`` lists them: ``a``, ``b`` and, for a chosen graph input, its free node (no unary
+        cost) are each term's auxiliary nodes; a term whose producer is a node (a unit or that free
+        node) has the priced edges p -> a, b -> p, one of a fixed producer s -> a (FP32) or b -> t
+        (low); each read ties ``a`` and ``b`` to its unit, or one of them to its fixed side."""
+        table = energy._cast_table()  # the energy's own arrays of its terms
+        units = np.fromiter(self.index, dtype=np.int64, count=len(self.index))
+        node_of = np.zeros(max(table.n_units, int(units.max()) + 1), dtype=np.int64)
+        node_of[units] = np.arange(2, 2 + units.size)
+        var, free = table.producer_unit >= 0, table.choose
+        n_aux = 2 + free.astype(np.int64)
+        a = ~(np.cumsum(n_aux) - n_aux)  # each term's first auxiliary node (``~k``, as ``_EdgeBlock.aux``)
+        b = a - 1
+        node = np.where(var, node_of[table.producer_unit], a - 2)  # a unit, or a chosen input's free node
+        from_node = var | free
+        fp32 = table.producer_value == 0
+        first = np.stack([np.where(from_node, node, np.where(fp32, _SOURCE, b)), np.where(fp32 | from_node, a, _SINK)])
+        second = np.stack([b, node])
+        priced = _interleave(first, second, from_node)
+        reads = table.term_of
+        by_unit = table.unit_of >= 0
+        reader = node_of[np.where(by_unit, table.unit_of, 0)]
+        low = table.value_of == 1
+        first = np.stack([np.where(by_unit | low, a[reads], _SOURCE),
+                          np.where(by_unit, reader, np.where(low, _SINK, b[reads]))])
+        second = np.stack([reader, b[reads]])
+        tied = _interleave(first, second, by_unit)
+        n_priced = priced.shape[1]
+        return (np.concatenate([priced[0], tied[0]]), np.concatenate([priced[1], tied[1]]),
+                np.concatenate([np.repeat(table.cost, np.where(from_node, 2, 1)), np.zeros(tied.shape[1])]),
+                np.zeros(n_priced + tied.shape[1]), np.arange(n_priced + tied.shape[1]) >= n_priced,
+                int(n_aux.sum()))
+
+
+def _interleave(first: np.ndarray, second: np.ndarray, both: np.ndarray) -> np.ndarray:
+    """Edges as (2, n) arrays of ends: each item's ``first`` edge, then its ``second`` where ``both``."""
+    count = np.where(both, 2, 1)
+    start = np.cumsum(count) - count
+    edges = np.empty((2, int(count.sum())), dtype=np.int64)
+    edges[:, start] = first
+    edges[:, start[both] + 1] = second[:, both]
+    return edges
 
 
 class _EdgeBlock:
