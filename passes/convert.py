@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Callable
 
 import numpy as np
-from .maxflow import min_cut_source_side  # scipy only for large graphs: its import costs more than a small cut
+from .maxflow import CutNetwork  # scipy only for large graphs: its import costs more than a small cut
 
 from amp_compiler.dtypes import FLOAT32, short
 from amp_compiler.ir import UNIT, PrecisionGraph
@@ -233,11 +233,11 @@ def solve_mincut(energy: PlanEnergy, time_weight: float = 1.0, mem_weight: float
     edges = energy.derived.get("edges")
     if edges is None:
         edges = energy.derived["edges"] = _CutEdges(energy)
-    n_nodes, rows, cols, per_time, per_memory, infinite = edges.layout(mem_weight > 0)
+    _, _, _, per_time, per_memory, infinite = edges.layout(mem_weight > 0)
     caps = time_weight * per_time + mem_weight * per_memory  # as ``tw * t + mw * m`` per edge
     caps[infinite] = -1.0  # maxflow's "infinite"
-    keep = np.flatnonzero(caps != 0)  # zero edges are left out, the others keep their order
-    source_side = _min_cut_source_side(n_nodes, rows[keep], cols[keep], caps[keep])
+    keep = caps != 0  # zero edges are left out, the others keep their order
+    source_side = edges.network(mem_weight > 0, keep).source_side(caps[keep])
     n = len(energy.unit_ops)
     return dict(zip(energy.unit_ops, np.where(source_side[2:2 + n], 0, 1).tolist()))
 
@@ -261,6 +261,7 @@ class _CutEdges:
         self.casts = self._casts(energy)
         self._mem_terms = energy.mem_terms  # laid out only for a memory-weighted cut (pin_forced's
         self._layouts: dict[bool, tuple] = {}  # energy pins the terms, not the weights)
+        self._networks: dict[bool, tuple[np.ndarray, CutNetwork]] = {}
 
     def layout(self, with_memory: bool) -> tuple:
         """(nodes, rows, cols, per_time, per_memory, infinite) of the graph with or without the weights."""
@@ -275,6 +276,16 @@ class _CutEdges:
                 first += n_aux
             found = self._layouts[with_memory] = (first, *(np.concatenate(p) for p in zip(*parts)))
         return found
+
+    def network(self, with_memory: bool, keep: np.ndarray) -> CutNetwork:
+        """The layout's edges where ``keep`` (those of nonzero capacity) made ready for cuts
+        (``maxflow.CutNetwork``), made again only when ``keep`` changes: the weighted cuts of one
+        solve leave out the same edges (a capacity is ``tw * t + mw * m``, both terms >= 0)."""
+        found = self._networks.get(with_memory)
+        if found is None or not np.array_equal(found[0], keep):
+            n_nodes, rows, cols = self.layout(with_memory)[:3]
+            found = self._networks[with_memory] = (keep, CutNetwork(n_nodes, rows[keep], cols[keep], _SOURCE, _SINK))
+        return found[1]
 
     def _units(self, energy: PlanEnergy) -> tuple:
         """Per unit in order: source -> unit (its low time and bytes), unit -> sink (FP32's)."""
@@ -395,11 +406,6 @@ class _EdgeBlock:
 def _absolute(nodes: np.ndarray, first: int) -> np.ndarray:
     """A block's node ids with its auxiliary ones (``~k``) numbered from ``first``."""
     return np.where(nodes < 0, first + ~nodes, nodes)
-
-
-def _min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: list[float]) -> np.ndarray:
-    """Boolean mask of the nodes on the source side of a minimum s-t cut (``maxflow``; caps < 0: infinite)."""
-    return min_cut_source_side(n_nodes, rows, cols, caps, _SOURCE, _SINK)
 
 
 def solve_greedy(graph: PrecisionGraph, energy: PlanEnergy) -> dict[int, int]:

@@ -4,8 +4,10 @@ Capacities are scaled to integers (finite costs so their total fits in 2**30, "i
 edges 2**30, repeated edges summed then capped), and the cut returned is the set of nodes
 reachable from the source in the residual graph of a maximum flow: the same for every
 maximum flow, so the two solvers below give the same answer. A node with one edge in and one
-out (a cast term's auxiliary node with a single reader) is bypassed first (``_bypass_relays``):
-half the nodes of a transformer's graph, half the max-flow's time. Graphs of up to
+out (a cast term's auxiliary node with a single reader) is bypassed first (``_relays``):
+half the nodes of a transformer's graph, half the max-flow's time. That reduction and the merging
+of repeated edges depend on the edges alone: a ``CutNetwork`` makes them once for cuts of one graph
+under several capacities (the planner's weighted cuts). Graphs of up to
 ``PURE_PYTHON_EDGES`` edges (a model of a few thousand ops) are solved here in Python
 (Dinic's algorithm, milliseconds); larger ones by scipy's C max-flow, imported only then:
 scipy's import costs more than the whole small solve (docs/architecture.md, "Performance").
@@ -28,42 +30,64 @@ def min_cut_source_side(n_nodes: int, rows: list[int], cols: list[int], caps: li
 
     ``caps`` below zero are "infinite" (more than any finite cut).
     """
+    return CutNetwork(n_nodes, rows, cols, source, sink).source_side(caps)
+
+
+class CutNetwork:
+    """A graph's edges made ready for cuts of any capacities: the relays bypassed, repeated edges
+    merged and the nodes renumbered once (these depend on the edges alone), so that cuts of one
+    graph under several capacities (the planner's weighted cuts) only weigh and solve."""
+
+    def __init__(self, n_nodes: int, rows: list[int], cols: list[int], source: int, sink: int) -> None:
+        rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        self.n_nodes = n_nodes
+        self.relays = _relays(n_nodes, rows, cols, source, sink)
+        node, e_in, e_out, before, after, new, keep = self.relays
+        self.kept = np.ones(n_nodes, dtype=bool)
+        self.kept[node] = False
+        renumber = np.cumsum(self.kept) - 1  # the other nodes, numbered on in order
+        self.m = n_nodes - node.size
+        keys = renumber[np.concatenate([rows[keep], before[new]])] * self.m + renumber[np.concatenate([cols[keep],
+                                                                                                       after[new]])]
+        unique, self.where = np.unique(keys, return_inverse=True)
+        self.heads, self.tails = np.divmod(unique, self.m)
+        self.s, self.t = int(renumber[source]), int(renumber[sink])
+
+    def source_side(self, caps: list[float]) -> np.ndarray:
+        """The source side of a minimum cut under ``caps`` (one per edge, in the order given; < 0: infinite)."""
+        scaled = _scaled(caps)
+        node, e_in, e_out, before, after, new, keep = self.relays
+        cap_in, cap_out = scaled[e_in], scaled[e_out]
+        summed = np.zeros(self.heads.size, dtype=np.int64)
+        np.add.at(summed, self.where, np.concatenate([scaled[keep], np.minimum(cap_in, cap_out)[new]]))
+        summed = np.minimum(summed, _INF)  # repeated edges add up in int64, then are capped: never wrap around
+        if self.heads.size <= PURE_PYTHON_EDGES:
+            reduced = _dinic_side(self.m, self.heads.tolist(), self.tails.tolist(), summed.tolist(), self.s, self.t)
+        else:
+            reduced = _scipy_side(self.m, self.heads, self.tails, summed.astype(np.int32), self.s, self.t)
+        side = np.zeros(self.n_nodes, dtype=bool)
+        side[self.kept] = reduced
+        side[node] = side[before] & (side[after] | (cap_out < cap_in))
+        return side
+
+
+def _scaled(caps: list[float]) -> np.ndarray:
+    """Capacities as integers: finite ones scaled so that their total is below ``_INF`` (each at least
+    1), infinite ones (< 0) ``_INF``."""
     cap = np.asarray(caps, dtype=np.float64)
     finite = cap >= 0
     total = float(cap[finite].sum()) or 1.0
-    scaled = np.where(finite, np.maximum(np.rint(cap * ((_INF - 1) / total)), 1), _INF).astype(np.int64)
-    rows, cols, scaled, relays = _bypass_relays(n_nodes, np.asarray(rows, dtype=np.int64),
-                                                np.asarray(cols, dtype=np.int64), scaled, source, sink)
-    node, before, after, cap_in, cap_out = relays
-    kept = np.ones(n_nodes, dtype=bool)
-    kept[node] = False
-    renumber = np.cumsum(kept) - 1  # the other nodes, numbered on in order
-    m = n_nodes - node.size
-    keys = renumber[rows] * m + renumber[cols]
-    unique, where = np.unique(keys, return_inverse=True)
-    summed = np.zeros(unique.size, dtype=np.int64)
-    np.add.at(summed, where, scaled)  # repeated edges add up in int64, then are capped: never wrap around
-    summed = np.minimum(summed, _INF)
-    heads, tails = np.divmod(unique, m)
-    s, t = renumber[source], renumber[sink]
-    if unique.size <= PURE_PYTHON_EDGES:
-        reduced = _dinic_side(m, heads.tolist(), tails.tolist(), summed.tolist(), s, t)
-    else:
-        reduced = _scipy_side(m, heads, tails, summed.astype(np.int32), s, t)
-    side = np.zeros(n_nodes, dtype=bool)
-    side[kept] = reduced
-    side[node] = side[before] & (side[after] | (cap_out < cap_in))
-    return side
+    return np.where(finite, np.maximum(np.rint(cap * ((_INF - 1) / total)), 1), _INF).astype(np.int64)
 
 
-def _bypass_relays(n: int, heads: np.ndarray, tails: np.ndarray, caps: np.ndarray, s: int,
-                   t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
-    """Each relay ``v`` (not ``s`` or ``t``: one edge in, ``u -> v``, one out, ``v -> w``; no edge
-    between two relays) replaced by an edge ``u -> w`` of the smaller capacity (none where ``u``
-    is ``w``): every cut of the other nodes costs the same, ``v`` on its cheaper side. So the
+def _relays(n: int, heads: np.ndarray, tails: np.ndarray, s: int, t: int) -> tuple[np.ndarray, ...]:
+    """The relays to bypass: each ``v`` (not ``s`` or ``t``: one edge in, ``u -> v``, one out, ``v -> w``;
+    no edge between two relays) is replaced by an edge ``u -> w`` of the smaller capacity (none where
+    ``u`` is ``w``): every cut of the other nodes costs the same, ``v`` on its cheaper side. So the
     smallest source side restricted to them is the same, and ``v`` is on it exactly when ``u`` is
     and either ``w`` is or ``v -> w`` is the cheaper edge to cut (a tie leaves ``v`` out).
-    Returns the new edges and the relays as ``(v, u, w, cap in, cap out)`` arrays."""
+    Returns ``(v, edge in, edge out, u, w, new, keep)``: the relays, the indices of their edges, their
+    ends, which of them get an edge ``u -> w``, and which edges stay (those touching no relay)."""
     relay = (np.bincount(tails, minlength=n) == 1) & (np.bincount(heads, minlength=n) == 1)
     relay[[s, t]] = False
     chained = relay[heads] & relay[tails]
@@ -73,11 +97,8 @@ def _bypass_relays(n: int, heads: np.ndarray, tails: np.ndarray, caps: np.ndarra
     edge_in[tails[into]], edge_out[heads[out]] = np.flatnonzero(into), np.flatnonzero(out)
     node = np.flatnonzero(relay)
     e_in, e_out = edge_in[node], edge_out[node]
-    before, after, cap_in, cap_out = heads[e_in], tails[e_out], caps[e_in], caps[e_out]
-    new = before != after
-    keep = ~(into | out)
-    return (np.concatenate([heads[keep], before[new]]), np.concatenate([tails[keep], after[new]]),
-            np.concatenate([caps[keep], np.minimum(cap_in, cap_out)[new]]), (node, before, after, cap_in, cap_out))
+    before, after = heads[e_in], tails[e_out]
+    return node, e_in, e_out, before, after, before != after, ~(into | out)
 
 
 def _dinic_side(n: int, heads: list[int], tails: list[int], caps: list[int], s: int, t: int) -> np.ndarray:
