@@ -77,16 +77,16 @@ class ConvertPass(Pass):
         else:
             raise ValueError(f"unknown planner {ctx.planner!r}: use one of {', '.join(PLANNERS)}")
         plan = pin_forced(graph, ctx, energy, plan, solve_mincut if ctx.planner == "optimal" else None)
+        mixed, n_casts, cast_s = energy.total(plan)  # each plan priced once: 40 ms a plan on a 100k-op graph
+        fp32 = energy.total({u: 0 for u in energy.unit_ops})[0]
         tie = ""
         if ctx.planner == "optimal" and ctx.objective == "time" and plan == chosen:  # not a user's pin
-            tie = near_tie_note(graph, energy, plan, TIE_LAUNCHES)
+            tie = near_tie_note(graph, fp32, mixed, TIE_LAUNCHES)
         _apply(graph, ctx, energy, plan)
         note_forced(graph, ctx)
-        mixed, n_casts, cast_s = energy.total(plan)
-        all32 = {u: 0 for u in energy.unit_ops}
-        prediction = Prediction(energy.total(all32)[0], mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
+        prediction = Prediction(fp32, mixed, predict_all_low(graph, ctx, timer), n_casts, cast_s)
         floor = TIE_LAUNCHES * timer.launch
-        why = fp32_tensor_core_why(graph, ctx, energy, plan, timer,
+        why = fp32_tensor_core_why(graph, ctx, energy, plan, mixed, timer,
                                    lambda: io_casts_matter(graph, ctx, timer, energy, plan, mixed, floor))
         n_low = sum(plan.values())
         return PassResult(graph, snapshot(graph, "precision", "reason") != before,

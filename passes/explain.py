@@ -10,6 +10,8 @@ import re
 from collections import Counter
 from typing import Callable
 
+import numpy as np
+
 from amp_compiler.dtypes import FLOAT32, FLOAT64, short
 from amp_compiler.ir import CONSTANT, GRAPH_INPUT, PARAMETER, PrecisionGraph, Tensor
 
@@ -65,10 +67,10 @@ def _us(seconds: float) -> str:
 
 
 def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEnergy, plan: dict[int, int],
-                         timer: OpTimer, io_matters: Callable[[], bool] | None = None) -> str:
-    """Lines explaining the FP32 tensor-core ops of ``plan``; "" when there are none. ``io_matters``:
-    whether dropping the I/O casts would change the plan (``convert.io_casts_matter``), asked only
-    before advising ``--no-keep-io-types``."""
+                         plan_s: float, timer: OpTimer, io_matters: Callable[[], bool] | None = None) -> str:
+    """Lines explaining the FP32 tensor-core ops of ``plan`` (predicted ``plan_s``, its energy's
+    total); "" when there are none. ``io_matters``: whether dropping the I/O casts would change
+    the plan (``convert.io_casts_matter``), asked only before advising ``--no-keep-io-types``."""
     tc = [op for op in graph.ops.values() if op.tensor_core and not op.inserted]
     total = sum(timer.flops(op) for op in tc)
     if total <= 0:
@@ -80,7 +82,7 @@ def fp32_tensor_core_why(graph: PrecisionGraph, ctx: PlanContext, energy: PlanEn
     if kept:
         flops = sum(timer.flops(graph.ops[n]) for u in kept for n in energy.unit_ops[u])
         flipped = {u: 1 for u in plan}  # the whole eligible region low: what "just convert it" would give
-        d_total = energy.total(flipped)[0] - energy.total(plan)[0]
+        d_total = energy.total(flipped)[0] - plan_s
         d_op = sum(energy.time_low[u] - energy.time_fp32[u] for u in plan if not plan[u])
         lines.append(f"FP32 by cost ({timer.runtime.name}): {len(kept)} tensor-core ops, {flops / total:.0%} of {of}")
         # the report adds the memory it predicts all-low (``plan_report.build_report``): weights plus peak
@@ -114,10 +116,10 @@ def _gemm_flops_named(graph: PrecisionGraph) -> str:
     return f"float GEMM/conv FLOPs ({n} integer GEMMs left int8)" if n else "GEMM/conv FLOPs"
 
 
-def near_tie_note(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int], launches: int) -> str:
-    """One line when ``plan`` is predicted slower than all-FP32: the near-tie the ``time``
-    objective took for memory (``docs/architecture.md``, "The objective"); "" otherwise."""
-    t32, t = energy.total({u: 0 for u in plan})[0], energy.total(plan)[0]
+def near_tie_note(graph: PrecisionGraph, t32: float, t: float, launches: int) -> str:
+    """One line when the plan (predicted ``t``) is predicted slower than all-FP32 (``t32``): the
+    near-tie the ``time`` objective took for memory (``docs/architecture.md``, "The objective");
+    "" otherwise."""
     if t <= t32 or t32 <= 0:
         return ""
     fastest = "--objective fastest" if graph.inputs_retypable else 'objective="fastest"'
@@ -200,10 +202,14 @@ def _named_apart(graph: PrecisionGraph, reason: str) -> str:
     return _QUOTED_OP.sub(typed, reason)
 
 
-def _held_by(graph: PrecisionGraph, op) -> str:
-    """The rule holding ``op`` FP32, worded so that one rule counts once (``_named_apart``)."""
-    return _named_apart(graph, _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)",
-                                                  op.reason.split(": ", 1)[-1]))
+def _held_by(graph: PrecisionGraph, op, worded: dict[str, str]) -> str:
+    """The rule holding ``op`` FP32, worded so that one rule counts once (``_named_apart``); each
+    wording made once, in ``worded`` (16k ops held by deny propagation share one)."""
+    reason = _DOWNSTREAM_OF.sub("downstream of a deny op (deny propagation)", op.reason.split(": ", 1)[-1])
+    found = worded.get(reason)
+    if found is None:
+        found = worded[reason] = _named_apart(graph, reason)
+    return found
 
 
 def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, int]) -> tuple[list[str], int, int]:
@@ -220,17 +226,17 @@ def _casts_needed_by(graph: PrecisionGraph, energy: PlanEnergy, plan: dict[int, 
     io = other = 0
     weights: Counter = Counter()  # PARAMETER / CONSTANT -> casts at weights no op holds FP32
     subgraphs: Counter = Counter()  # If/Loop/Scan op -> casts at its subgraph's declared types
-    for term, cost in zip(energy.terms, energy.cast_costs(plan)):
-        if not cost:
-            continue
-        t = graph.tensors[term.tensor]
+    worded: dict[str, str] = {}
+    costs = energy.cast_costs(plan)
+    for i in np.flatnonzero(costs).tolist():  # the terms that pay a cast
+        t = graph.tensors[energy.terms[i].tensor]
         fixed = [graph.ops[n] for n in (t.producer, *(c for c, _ in t.consumers))
                  if n and graph.ops[n].unit is None and graph.ops[n].precision == FLOAT32]
         if fixed:  # one cast read by a LayerNorm's ReduceMean and Sub is one cast at both
             borders[tuple(sorted({op.op_type for op in fixed}))] += 1
             for op in fixed:  # each op's rule worded once, however many casts it borders
                 if op.name not in held:
-                    held[op.name] = _held_by(graph, op)
+                    held[op.name] = _held_by(graph, op, worded)
         elif t.producer is None and t.kind in (PARAMETER, CONSTANT):
             weights[t.kind] += 1  # a parameter (training) or a constant kept FP32 in the file (init_max_bytes)
         elif (owner := _at_subgraph(graph, t)) is not None:
