@@ -175,11 +175,14 @@ def _blocking_flow(adj: list[list[int]], to: list[int], residual: list[int], lev
 
 
 def _scipy_side(n: int, heads: np.ndarray, tails: np.ndarray, caps: np.ndarray, s: int, t: int) -> np.ndarray:
-    """scipy's C max-flow (int32 capacities), then the residual reach from ``s``."""
+    """scipy's C max-flow (int32 capacities), then the residual reach from ``s``. The edges come
+    sorted by (head, tail), none repeated (``CutNetwork``), so they are laid out as the sparse
+    matrix's rows as they are, not sorted again."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-    graph = csr_matrix((caps, (heads, tails)), shape=(n, n))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(heads, minlength=n))])
+    graph = csr_matrix((caps, tails, indptr), shape=(n, n))
     residual = (graph - maximum_flow(graph, s, t).flow).tocsr()
     residual.data[residual.data < 0] = 0
     residual.eliminate_zeros()
