@@ -47,8 +47,8 @@ class CutNetwork:
         self.kept[node] = False
         renumber = np.cumsum(self.kept) - 1  # the other nodes, numbered on in order
         self.m = n_nodes - node.size
-        keys = renumber[np.concatenate([rows[keep], before[new]])] * self.m + renumber[np.concatenate([cols[keep],
-                                                                                                       after[new]])]
+        heads, tails = np.concatenate([rows[keep], before[new]]), np.concatenate([cols[keep], after[new]])
+        keys = renumber[heads] * self.m + renumber[tails]  # the kept edges, then each relay's bypass
         unique, self.where = np.unique(keys, return_inverse=True)
         self.heads, self.tails = np.divmod(unique, self.m)
         self.s, self.t = int(renumber[source]), int(renumber[sink])
