@@ -391,16 +391,17 @@ def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> flo
     energy (``tests/test_energy_tables.py``)."""
     low = ctx.low_dtype
     units: dict[str, int] = {}
-    fixed_time, units_time = 0.0, 0
+    # units' and casts' seconds summed by ``sum``, as ``PlanEnergy.total`` does: from Python 3.12 it
+    # compensates, and a ``+=`` loop would differ from it in the last bits
+    fixed_time, unit_times, cast_times = 0.0, [], []
     ops = priced_ops(graph)
     for op, (t32, tlow, held32, held_low) in zip(ops, timer.costs_each(ops, (FLOAT32, low))):
         if not op.forbid_low:
             units[op.name] = len(units)
-            units_time += tlow
+            unit_times.append(tlow)
         else:
             fixed_time += _at_precision(timer, op, low, t32, tlow, held32, held_low)[0]
 
-    cast_time = 0.0
     for t, prod, ends in tensor_endpoints(graph, ctx, timer, units):
         if not ends or prod[0] == "free":
             continue
@@ -410,10 +411,10 @@ def all_low_time(graph: PrecisionGraph, ctx: PlanContext, timer: OpTimer) -> flo
                 fixed_time += timer.cast_time(t, low)  # a cast nobody can avoid
         elif prod[0] == "choose":
             if 0 in values and 1 in values:  # a chosen input read in both dtypes
-                cast_time += timer.cast_time(t, low)
+                cast_times.append(timer.cast_time(t, low))
         elif any(v != (1 if prod[0] == "var" else prod[1]) for v in values):
-            cast_time += timer.cast_time(t, low)
-    return fixed_time + units_time + cast_time
+            cast_times.append(timer.cast_time(t, low))
+    return fixed_time + sum(unit_times) + sum(cast_times)
 
 
 def _weight_memory(graph: PrecisionGraph, energy: PlanEnergy, t: Tensor, prod: Endpoint,
