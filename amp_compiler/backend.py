@@ -29,6 +29,7 @@ importing anything first.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -43,10 +44,11 @@ from .fx_io.capture import dynamo_aten_graph, dynamo_weights, views_as_reshapes
 from .fx_io.emitter import emit
 from .fx_io.importer import import_graph_module, resolve_rule_names
 from .fx_io.operand_dtypes import check_operand_dtypes
-from .fx_io.plans import beyond_fp16, finite_peak
+from .fx_io.plans import all_fp32_note, beyond_fp16, finite_peak
 from .plan import make_context, run_passes
 from .plan_report import build_report
 from .report import Report
+from .user_frame import user_stacklevel
 
 NAME = "amp_compiler"
 _PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
@@ -55,6 +57,7 @@ _OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report
                                      "reuse"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)
+_fp32_said: set[str] = set()  # dynamo frames whose all-FP32 plan was said (``_say_if_fp32``)
 
 
 def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
@@ -99,6 +102,8 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     reports.append(report)
     if opts.get("on_report"):
         opts["on_report"](report)
+    if not opts.get("on_report") and not opts.get("on_run"):  # else the caller has the reports (compile's route)
+        _say_if_fp32(report, compile_id)
     aten.report = report
     inner: Callable = aten
     if opts.get("backend") == "inductor":
@@ -119,6 +124,16 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if same is not None:
         reuse[same] = runner
     return runner
+
+
+def _say_if_fp32(report: Report, compile_id: Any) -> None:
+    """Warn when a graph's plan runs every GEMM/conv in FP32 (``all_fp32_note``): once per frame dynamo
+    compiles (``compile_id`` frame/recompile), not again at each recompile of it."""
+    note = all_fp32_note(report)
+    frame = str(compile_id).split("/")[0] if compile_id is not None else report.source
+    if note and frame not in _fp32_said:
+        _fp32_said.add(frame)
+        warnings.warn(f"amp_compiler: {report.source}: {note}", stacklevel=user_stacklevel())
 
 
 def _graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], specs: dict, training: bool) -> Any:

@@ -56,7 +56,7 @@ from .fx_io.model_checks import (HookWatch, SwapWatch, bind_error, refuse_meta, 
                                  warn_if_low_precision, warn_if_recurrent)
 from .fx_io.operand_dtypes import OperandDtypeError
 from .rule_names import RuleNameError
-from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan
+from .fx_io.plans import DEFAULT_PLAN_LIMIT, Plan, all_fp32_note
 from .fx_io.serving import CAPTURE_LOCK
 from .user_frame import user_stacklevel
 from .report import Report
@@ -145,6 +145,7 @@ class AmpModule(torch.nn.Module):
         if isinstance(self._route, _FirstCall):  # compiled without an example: its first call chose the route
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
+        self._say_if_fp32(plan)
         if self._swaps.swapped():  # the forward itself replaced them (dynamo runs its Python): state
             self._swaps.reset()
         if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
@@ -222,6 +223,14 @@ class AmpModule(torch.nn.Module):
         keeps = mode if training is None else training
         return (mode, tuple(p.requires_grad for p in model.parameters()) if keeps else None, self._flags.values(),
                 module_modes(model))
+
+    def _say_if_fp32(self, plan: Plan | None) -> None:
+        """Warn once per module when a plan runs every GEMM/conv in FP32 (``all_fp32_note``): the
+        report says why, but a user who does not read it would think the module mixed precision."""
+        note = all_fp32_note(plan.report) if plan is not None and plan.report is not None else ""
+        if note and not self.__dict__.get("_fp32_said"):
+            self.__dict__["_fp32_said"] = True
+            warnings.warn(f"amp_compiler: AmpModule({self._source}): {note}", stacklevel=user_stacklevel())
 
     def _follow_mode(self) -> None:
         """Run the plans of the model's current mode (``am.train()``/``eval()``, or the model's own),
@@ -374,6 +383,7 @@ def compile(model: torch.nn.Module, example_inputs: Any = (), *, example_kwargs:
     route, plan, _ = capture_in(effective_training(model))(args, kwargs)
     amp = AmpModule(model, route, source, options, route_for, recompile)
     amp.__dict__["_last"] = plan
+    amp._say_if_fp32(plan)
     return amp
 
 

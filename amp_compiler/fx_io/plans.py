@@ -158,6 +158,22 @@ class PlanCache:
         return plan
 
 
+def all_fp32_note(report: Report) -> str:
+    """What a torch-path user is told when a plan runs none of its GEMM/conv FLOPs in the low dtype
+    (never silently: docs/architecture.md, "The objective"): the why-line's first line and what would
+    change it, or "" where some run low, there are none, or the user chose a planner other than the
+    cost model's."""
+    summary = report.summary
+    if not summary.get("gemm_flops") or summary.get("fp16_gemm_flop_fraction", 1.0) or \
+            summary.get("planner", "optimal") != "optimal":
+        return ""
+    lines = [line.strip() for line in (summary.get("fp32_tensor_core_why") or "").splitlines() if line.strip()]
+    why = lines[0] if lines else "FP32 by the plan"
+    change = next((line for line in lines if line.startswith("would change it")), "")
+    return (f"the plan runs every GEMM/conv in FP32 ({why})" + (f"; {change}" if change else "")
+            + "; report.summary['fp32_tensor_core_why'] has the numbers")
+
+
 def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
     """One report over ``reports`` (the graphs of one capture); ops and casts carry their graph's index."""
     if not reports:
@@ -191,5 +207,5 @@ def merge_reports(reports: list[Report], source: str, capture: str) -> Report:
                    "passes": passes, "alignment": alignment})
 
 
-__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "beyond_fp16", "call_key", "call_structure", "describe_key",
-           "largest_sizes", "leaf_shapes", "merge_reports", "varying_dims"]
+__all__ = ["DEFAULT_PLAN_LIMIT", "Plan", "PlanCache", "all_fp32_note", "beyond_fp16", "call_key", "call_structure",
+           "describe_key", "largest_sizes", "leaf_shapes", "merge_reports", "varying_dims"]
