@@ -132,11 +132,11 @@ def test_casts_on_an_all_fp32_plan_change_nothing():
 def test_casts_ensures_catches_a_port_left_in_the_wrong_dtype():
     """On a graph it did not just plan, the check walks every port of every op."""
     b = _mlp()
-    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), CastPass(), target="a100")
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), CastPass())
     b.graph.tensors["mm1_out"].dtype = "float32"
     with pytest.raises(PassError, match=r"casts: ensures violated: every op's unit ports carry its precision "
                                         r"\(mm1 out\[0\]"):
-        CastPass().ensures(b.graph, make_context(target="a100"))
+        CastPass().ensures(b.graph, make_context())
 
 
 def test_casts_ensures_catches_a_cast_its_own_rewrite_got_wrong(monkeypatch):
@@ -151,10 +151,10 @@ def test_casts_ensures_catches_a_cast_its_own_rewrite_got_wrong(monkeypatch):
 
     monkeypatch.setattr(casts, "make_cast", converting_nothing)
     b = _mlp()
-    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass(), target="a100")
+    b.run(ClassifyPass(), NumericsPass(), PropagatePass(), ConvertPass())
     with pytest.raises(PassError, match=r"casts: ensures violated: every op's unit ports carry its precision "
                                         r"\(mm1 in\[0\]"):
-        CastPass()(b.graph, make_context(target="a100"))
+        CastPass()(b.graph, make_context())
 
 
 def test_align_reports_dims_off_the_tensor_core_granularity_and_never_modifies():

@@ -99,8 +99,17 @@ def _if():
 
 
 def test_if_branch_outputs_are_subgraph_boundaries_and_no_cast_claims_keep_io_types_when_it_is_off():
-    # the fastest plan keeps every GEMM FP32 (the default's near-tie rule converts them all since each
-    # branch costs half a run, cost_model/repeats.py)
+    # defaults: each branch costs half a run (cost_model/repeats.py), and the near-tie rule converts
+    # every GEMM of the 8-row graph, with nothing to explain
+    summary = convert_onnx(_if())[1].summary
+    assert summary["fp16_gemm_flop_fraction"] == 1.0 and not summary["fp32_tensor_core_why"], summary
+    # at 64 rows (defaults otherwise) one GEMM stays FP32: the why-line counts the If's boundary casts
+    # apart from the one at the graph's inputs/outputs, and advises dropping only that one
+    why = convert_onnx(_if(), dim_values={"batch": 64})[1].summary["fp32_tensor_core_why"]
+    assert "3 at subgraph boundaries of 1 If (declared types, which no option changes), 1 at graph inputs/outputs" \
+        in why, why
+    assert "--no-keep-io-types (1 I/O casts)" in why, why
+    # the fastest plan of the 8-row graph keeps every GEMM FP32 and counts the same way
     why = convert_onnx(_if(), objective="fastest")[1].summary["fp32_tensor_core_why"]
     assert "3 at subgraph boundaries of 1 If (declared types, which no option changes), 1 at graph inputs/outputs" \
         in why, why
