@@ -114,10 +114,8 @@ def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], flo
         if op.canonical not in _BETWEEN or not op.inputs or not op.inputs[0]:
             return None
         between.append(op.name)
-        if op.canonical == "add":  # eps as a one-element constant (ONNX) or a scalar argument (FX)
-            stats = [graph.tensors[i].stats for i in op.inputs if i]
-            added = [s.max_abs for s in stats if s is not None and s.size == 1] + list(op.scalars)
-            for value in (v for v in added if v > 0):
+        if op.canonical == "add":
+            for value in (v for v in _split_eps(graph, op)[0] if v > 0):
                 eps = value if eps is None else min(eps, value)
         tensor = next((i for i in op.inputs if i and graph.tensors[i].stats is None), op.inputs[0])
     return None
@@ -157,18 +155,19 @@ def ratio_to_own_mean(graph: PrecisionGraph, op: Op) -> bool:
 
 
 def _past_eps(graph: PrecisionGraph, add: Op) -> Op | None:
-    """The producer of what ``add`` adds a constant to (a one-element constant in ONNX, a scalar
-    argument in aten), or None where it adds two activations."""
+    """The producer of what ``add`` adds a constant to, or None where it adds two activations."""
+    added, varying = _split_eps(graph, add)
+    return graph.producer(varying) if added and varying else None
+
+
+def _split_eps(graph: PrecisionGraph, add: Op) -> tuple[list[float], str | None]:
+    """What an Add adds as eps, one-element constants (ONNX) and scalar arguments (FX), by magnitude,
+    and its one other operand (None where there are none or several)."""
     operands = [i for i in add.inputs if i]
-    if len(operands) == 1 and add.scalars:
-        return graph.producer(operands[0])
-    varying = [i for i in operands if not _one_constant(graph, i)]
-    return graph.producer(varying[0]) if len(operands) == 2 and len(varying) == 1 else None
-
-
-def _one_constant(graph: PrecisionGraph, tensor: str) -> bool:
-    stats = graph.tensors[tensor].stats
-    return stats is not None and stats.size == 1
+    stats = [graph.tensors[i].stats for i in operands]
+    added = [st.max_abs for st in stats if st is not None and st.size == 1] + list(add.scalars)
+    varying = [i for i, st in zip(operands, stats) if st is None or st.size != 1]
+    return added, varying[0] if len(varying) == 1 else None
 
 
 def _root_of_squares(graph: PrecisionGraph, tensor: str, value: str, reciprocal: bool) -> bool:
