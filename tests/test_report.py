@@ -13,6 +13,7 @@ import pytest
 from amp_compiler import atomic
 from amp_compiler import report as report_mod
 from amp_compiler.report import SCHEMA_VERSION, Report
+from amp_compiler.report.schema import canonical
 
 CLASSES = ("allow", "infer", "clear", "deny", "unknown")
 
@@ -270,6 +271,25 @@ def test_json_round_trip_and_key_order(tmp_path):
     p.write_text(text, encoding="utf-8")
     assert Report.from_json(p).data == data
     assert Report.from_json(str(p)).data == data
+
+
+def test_json_one_record_per_line():
+    """Each op, cast and pass of the indented JSON is one line (json's C encoder writes it), the
+    rest indented; it reads back as the data, a reason with a newline or a quote included."""
+    data = make_report(5)
+    data["ops"][0]["reason"] = 'two\nlines, "quoted" }, {'
+    data["validation"] = {"tolerance": 1e-3, "passed": True,
+                          "outputs": [{"name": "out", "max_abs_error": 0.0, "max_rel_error": 0.0, "passed": True}]}
+    text = Report(data).to_json()
+    assert json.loads(text) == canonical(data)
+    lines = text.splitlines()
+    for key in ("ops", "casts", "passes"):
+        start = lines.index(f'  "{key}": [')
+        rows = lines[start + 1:start + 1 + len(data[key])]
+        assert [json.loads(row.strip().rstrip(",")) for row in rows] == canonical(data)[key]
+        assert lines[start + 1 + len(data[key])] in ("  ]", "  ],")
+    assert '    "tolerance": 0.001,' in lines  # a record that is not in a list of them is indented
+    assert '      {' in lines  # and so are the records of a list inside one (validation outputs)
 
 
 def test_json_rejects_other_major_version():
