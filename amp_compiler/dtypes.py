@@ -36,6 +36,9 @@ def normalize_low_dtype(name: str) -> str:
     return dtype
 
 
+_SHORT = {FLOAT32: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16", FLOAT64: "fp64"}
+
+
 def short(dtype: str | None) -> str:
     """Short label for names and reports: fp32, fp16, bf16."""
-    return {FLOAT32: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16", FLOAT64: "fp64"}.get(dtype or "", str(dtype))
+    return _SHORT.get(dtype or "", str(dtype))

@@ -329,7 +329,7 @@ class _CutEdges:
         cost) are each term's auxiliary nodes; a term whose producer is a node (a unit or that free
         node) has the priced edges p -> a, b -> p, one of a fixed producer s -> a (FP32) or b -> t
         (low); each read ties ``a`` and ``b`` to its unit, or one of them to its fixed side."""
-        table = energy._cast_table()  # the energy's own arrays of its terms
+        table = energy.cast_table()
         units = np.fromiter(self.index, dtype=np.int64, count=len(self.index))
         node_of = np.zeros(max(table.n_units, int(units.max()) + 1), dtype=np.int64)
         node_of[units] = np.arange(2, 2 + units.size)

@@ -99,7 +99,7 @@ class PlanEnergy:
         ops = self.fixed_time + sum(self.time_low[u] if plan[u] else self.time_fp32[u] for u in self.unit_ops)
         table = self.derived.get("casts")
         if table is None and self.derived.setdefault("totals", 0):  # worth its arrays from the second plan on
-            table = self._cast_table()
+            table = self.cast_table()
         self.derived["totals"] = self.derived.get("totals", 0) + 1
         # ``table.costs``: ``[term_cost(t, plan) for t in terms]``, the same floats
         casts = [self.term_cost(t, plan) for t in self.terms] if table is None else table.costs(plan)
@@ -125,9 +125,11 @@ class PlanEnergy:
 
     def cast_costs(self, plan: dict[int, int]) -> list[float]:
         """``[term_cost(t, plan) for t in terms]``, the same floats, priced at once (``_CastTable``)."""
-        return self._cast_table().costs(plan)
+        return self.cast_table().costs(plan)
 
-    def _cast_table(self) -> _CastTable:
+    def cast_table(self) -> _CastTable:
+        """The cast terms as arrays (made once per energy): what pricing many plans and laying out
+        the cut's edges (``passes/convert.py``) read instead of walking the terms."""
         table = self.derived.get("casts")
         if table is None:
             table = self.derived["casts"] = _CastTable(self.terms)
@@ -146,7 +148,7 @@ class PlanEnergy:
         d_op = ((low - fp32) * sign).tolist()
         if not pairs.term.size:
             return [(d, 0) for d in d_op]  # ``sum(())`` of no terms: 0
-        before, after = self._cast_table().flipped(plan, pairs.unit, pairs.term)
+        before, after = self.cast_table().flipped(plan, pairs.unit, pairs.term)
         d_cast = (pairs.sums(after) - pairs.sums(before)).tolist()
         return list(zip(d_op, d_cast))
 
