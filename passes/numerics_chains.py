@@ -7,6 +7,9 @@
 * ``normalisations``: a written-out LayerNorm/RMSNorm's final Div (or Mul by the reciprocal root)
   writes a bounded value: deny propagation stops there as at LayerNormalization; so it does at
   ``ratio_to_own_mean``, a non-negative value over its own mean (ConvNeXt-V2's GRN).
+* ``bounded_exp``: an Exp whose argument a constant bounds above, ``exp`` of the bound within the
+  dtype's range (SwinV2's ``clamp(logit_scale, max=log(100)).exp()``): its output is no value of unknown
+  range, so deny propagation does not start there.
 * ``saturating_powers``: a small power (x^2, x^3) whose value reaches only a saturating op
   (tanh, sigmoid, erf) through scaling and shifting is safe in the low dtype: where it
   overflows to inf the saturating op returns its limit, as FP32 does (GELU's tanh form).
@@ -15,8 +18,10 @@ The first two read the target dtype's range (docs/architecture.md, "Numerics").
 
 from __future__ import annotations
 
+import math
+
 from amp_compiler.dtypes import is_float
-from amp_compiler.ir import Op, PrecisionGraph
+from amp_compiler.ir import PARAMETER, Op, PrecisionGraph
 from amp_compiler.numerics import DtypeRange
 from amp_compiler.registry import CLEAR
 from cost_model.norm_pattern import reciprocal_of
@@ -154,6 +159,50 @@ def ratio_to_own_mean(graph: PrecisionGraph, op: Op) -> bool:
     return mean is not None and mean.canonical == "reduce_mean" and mean.inputs[:1] == [value]
 
 
+def bounded_exp(graph: PrecisionGraph, op: Op, rng: DtypeRange) -> bool:
+    """Whether ``op`` is an Exp whose argument a constant bounds above with ``exp`` of the bound within
+    ``rng``: its output lies in (0, exp(bound)], a known range, so it seeds no deny propagation
+    (``propagate.py``; the Exp itself stays FP32, deny by class). SwinV2's cosine attention scales its
+    scores by ``clamp(logit_scale, max=log(100)).exp()``, at most 100: deny propagation from that Exp
+    had kept every block's scores ``Mul`` and the bias and mask ``Add``s after it FP32 (39 ops of a
+    default SwinV2-tiny)."""
+    if op.canonical != "exp" or not op.inputs or not op.inputs[0]:
+        return False
+    bound = _upper_bound(graph, op.inputs[0])
+    return bound is not None and bound <= math.log(rng.max)
+
+
+def _upper_bound(graph: PrecisionGraph, tensor: str) -> float | None:
+    """An upper bound on ``tensor``'s values read off constants: a frozen constant's largest magnitude,
+    or the constant maximum of a Clip/Min (ONNX's ``max`` input or attribute, aten's ``clamp`` argument),
+    through data movement with one float operand. None where none is found."""
+    for _ in range(_MAX_CHAIN):
+        if (known := _constant_max(graph, tensor, None)) is not None:
+            return known
+        op = graph.producer(tensor)
+        if op is None:
+            return None
+        if op.canonical == "clip":
+            return _constant_max(graph, op.inputs[2] if len(op.inputs) > 2 else "", op.attrs.get("max"))
+        if op.canonical == "min":
+            bounds = [_constant_max(graph, i, None) for i in op.inputs if i]
+            return min((b for b in bounds if b is not None), default=None)
+        floats = [i for i in op.inputs if i and is_float(graph.tensors[i].dtype)]
+        if op.op_class != CLEAR or floats != op.inputs[:1]:
+            return None
+        tensor = floats[0]
+    return None
+
+
+def _constant_max(graph: PrecisionGraph, tensor: str, attribute: float | None) -> float | None:
+    """The largest value of a constant operand (an initializer, a Constant node's output; signed where it
+    has one element), else ``attribute``. A parameter being trained is none: its value moves."""
+    stats = graph.tensors[tensor].stats if tensor else None
+    if stats is not None and graph.tensors[tensor].kind != PARAMETER:
+        return stats.value if stats.value is not None else stats.max_abs
+    return None if attribute is None else float(attribute)
+
+
 def _past_eps(graph: PrecisionGraph, add: Op) -> Op | None:
     """The producer of what ``add`` adds a constant to, or None where it adds two activations."""
     added, varying = _split_eps(graph, add)
@@ -273,6 +322,6 @@ def _is_reduction(op: Op) -> bool:
     return c == "var_mean" or c.startswith("reduce_") and c not in ("reduce_max", "reduce_min")
 
 
-__all__ = ["BOUNDED", "SATURATING", "TRIG", "eps_chains", "mask_flow", "mask_sentinel", "normalisations", "ratio_to_own_mean",
+__all__ = ["BOUNDED", "SATURATING", "TRIG", "bounded_exp", "eps_chains", "mask_flow", "mask_sentinel", "normalisations", "ratio_to_own_mean",
            "writes_normalisation",
            "saturating_powers", "trig_chains"]

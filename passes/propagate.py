@@ -17,7 +17,8 @@ Rewrite cases:
    way to an allow op is left to the cost model. The walk stops at ops whose output is
    bounded whatever their input (tanh, sigmoid, softmax, erf, normalisations: ``BOUNDED``, and the
    final Div/Mul of a written-out LayerNorm/RMSNorm: ``normalisations``, and a non-negative value over
-   its own mean, GRN's: ``ratio_to_own_mean``); they stay candidates.
+   its own mean, GRN's: ``ratio_to_own_mean``); they stay candidates. An Exp whose argument a
+   constant bounds (``bounded_exp``: SwinV2's clamped ``logit_scale``) writes a known range: no seed.
 5. The remaining ops are linked wherever a float tensor flows from one's ``unit``
    output into another's ``unit``/``any`` input; a connected group of them that
    contains an ``allow`` op (or an op the user forced low) is eligible. Groups with
@@ -43,11 +44,12 @@ from collections import deque
 
 from amp_compiler.dtypes import FLOAT32, FLOAT_DTYPES, short
 from amp_compiler.ir import ANY, UNIT, Op, PrecisionGraph
+from amp_compiler.numerics import RANGES
 from amp_compiler.registry import ALLOW, CLEAR, DENY, INFER, UNKNOWN
 from amp_compiler.report_memory import is_view
 
 from .base import Pass, PassResult, PlanContext, check, snapshot, unclassified
-from .numerics_chains import BOUNDED, ratio_to_own_mean, writes_normalisation
+from .numerics_chains import BOUNDED, bounded_exp, ratio_to_own_mean, writes_normalisation
 from .user_rules import forced_low, kept_by_name
 
 AFTER_UNSCALE = "after the gradient-unscale marker: the optimizer and master weights stay FP32"
@@ -197,10 +199,13 @@ def _downstream_of_deny(graph: PrecisionGraph, denied: list[Op], candidates: set
     passes through ops already FP32 for another rule (an add-eps the numerics pass kept). Returns
     each tainted op with the deny op behind it and the op that led there. A node the user kept FP32
     by name (``deny_nodes``, ``exclude_nodes``) is no seed: that says where to keep FP32, not that
-    its values are of unknown range.
+    its values are of unknown range; nor is an Exp whose output is bounded within the low dtype's range
+    (``bounded_exp``).
     """
     reached: dict[str, tuple[str, str]] = {}
-    queue = deque((op.name, op.name) for op in denied if not kept_by_name(op.name, ctx))
+    rng = RANGES.get(ctx.low_dtype)
+    queue = deque((op.name, op.name) for op in denied
+                  if not kept_by_name(op.name, ctx) and not (rng is not None and bounded_exp(graph, op, rng)))
     while queue:
         name, source = queue.popleft()
         op = graph.ops[name]

@@ -95,3 +95,46 @@ def test_attention_scaled_by_a_factor_computed_from_a_shape_is_not_held_fp32_as_
     scores = result.graph.ops["scores"]
     assert "unscaled attention scores" not in (scores.reason or ""), scores.reason
     assert scores.precision == "float16"
+
+
+def _cosine_attention(scale_max: float | None, tokens: int = 64, d: int = 32) -> onnx.ModelProto:
+    """SwinV2's cosine attention as the TorchScript exporter writes it: scores of the L2-normalised q and
+    k (here already normalised), times ``exp(clamp(logit_scale, max=scale_max))`` (no Clip where
+    ``scale_max`` is None), plus a bias, softmax, times v."""
+    scale_in = "logit_scale"
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+             helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+             helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[1, 0]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores")]
+    if scale_max is not None:
+        nodes.append(helper.make_node("Clip", ["logit_scale", "", "scale_max"], ["clipped"], name="clip"))
+        scale_in = "clipped"
+    nodes += [helper.make_node("Exp", [scale_in], ["scale"], name="exp"),
+              helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale_scores"),
+              helper.make_node("Add", ["scaled", "bias"], ["biased"], name="add_bias"),
+              helper.make_node("Softmax", ["biased"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["y"], name="context")]
+    inits = [weight("wq", d, d), weight("wk", d, d), weight("wv", d, d), weight("bias", tokens, tokens),
+             numpy_helper.from_array(np.array([np.log(10.0)], np.float32), "logit_scale"),
+             numpy_helper.from_array(np.array(scale_max or 0.0, np.float32), "scale_max")]
+    return model(nodes, [fin("x", tokens, d)], [fin("y", tokens, d)], inits)
+
+
+def test_an_exp_of_a_clamped_constant_seeds_no_deny_propagation():
+    """SwinV2 scales its cosine-attention scores by ``clamp(logit_scale, max=log(100)).exp()``, at most
+    100: deny propagation from that Exp had held every block's scores ``Mul`` and ``Add``s FP32 as "of
+    unknown range" (a default SwinV2-tiny: 39 ops, 40 casts). Its argument's bound makes the range known,
+    as a frozen constant's value does (CLIP's ``logit_scale.exp()``); the Exp itself stays FP32. An Exp
+    the bound does not keep within FP16 still seeds the walk."""
+    def precisions(scale_max):
+        graph = plan_result(_cosine_attention(scale_max), planner="all").graph
+        return {name: (op.precision, op.reason) for name, op in graph.ops.items()}
+
+    for scale_max in (np.log(100.0), None):  # clamped; the constant log(10) itself
+        bounded = precisions(scale_max)
+        assert bounded["exp"][0] == "float32"
+        for name in ("scale_scores", "add_bias"):
+            assert bounded[name][0] == "float16", (scale_max, name, bounded[name])
+    held = precisions(12.0)  # exp(12) > 65504
+    assert held["scale_scores"][0] == "float32" and "downstream of deny op exp" in held["scale_scores"][1]

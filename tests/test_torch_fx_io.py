@@ -185,3 +185,31 @@ def test_rms_norm_on_the_fx_path_stays_finite_by_default_and_with_deny_propagati
     # deny propagation keeps pow/mean/add/sqrt FP32 and stops at x / rms, bounded like a norm's output
     assert ops["aten.sqrt"]["precision"] == "float32" and ops["aten.div"]["precision"] == "float16"
     assert ops["aten.addmm"]["precision"] == "float16"
+
+
+class _ScaledScores(nn.Module):
+    """SwinV2's cosine-attention scale: scores times ``clamp(logit_scale, max=log(100)).exp()``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qk = nn.Linear(64, 128)
+        self.logit_scale = nn.Parameter(torch.full((1,), 2.3))
+
+    def forward(self, x):
+        q, k = self.qk(x).chunk(2, dim=-1)
+        scale = torch.clamp(self.logit_scale, max=4.605).exp()
+        return torch.softmax(q @ k.transpose(-1, -2) * scale + 1.0, dim=-1)
+
+
+def test_clamp_bounds_its_exp_so_the_scores_after_it_are_planned_low():
+    """aten's clamp maximum is a scalar argument: the importer keeps it as Clip's ``max`` so that
+    ``exp(clamp(s, max=log(100)))`` (at most 100) seeds no deny propagation, as on the ONNX path."""
+    model, x = _ScaledScores().eval(), torch.randn(2, 16, 64)
+    assert _op(_imported(model, (x,)), "aten.clamp").attrs == {"max": 4.605}
+    with torch.no_grad():
+        amp = amp_compiler.compile(model, (x,), planner="all")
+        assert rel_error(model(x), amp(x)) < 1e-2
+    ops = {o["name"].rsplit("/", 1)[-1]: o for o in amp.report.ops}
+    assert ops["aten.exp"]["precision"] == "float32"
+    assert ops["aten.mul"]["precision"] == "float16", ops["aten.mul"]["reason"]

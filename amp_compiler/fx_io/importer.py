@@ -328,7 +328,14 @@ def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
         return {"exponent": float(node.args[1])}
     if packet.startswith(("upsample_", "_upsample_")):
         return {"mode": "cubic" if "cubic" in packet else "nearest" if "nearest" in packet else "linear"}
+    if packet in _CLAMP_MAX:  # Clip-6's ``max``: an upper bound numerics_chains.bounded_exp reads
+        upper = _argument(node, *_CLAMP_MAX[packet])
+        return {"max": float(upper)} if isinstance(upper, (int, float)) and not isinstance(upper, bool) else {}
     return {}
+
+
+#: where each clamp's scalar maximum is: (position, keyword)
+_CLAMP_MAX = {"clamp": (2, "max"), "clamp_max": (1, "max"), "hardtanh": (2, "max_val")}
 
 
 _SUBSCRIPT = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
