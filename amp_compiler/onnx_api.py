@@ -26,7 +26,7 @@ from .onnx_io.validation import checking_emitted
 from .onnx_io.derived_dims import carries_cache, derived_sizes
 from .onnx_io.stream import append_pending
 from .onnx_io.cpu_layout import cpu_layout_note
-from .onnx_io.train_mode import training_mode_note
+from .onnx_io.train_mode import DRAWS, training_mode_note
 from .numerics import RANGES
 from .plan import make_context, run_passes
 from .plan_report import build_report
@@ -176,7 +176,7 @@ def convert_onnx(model_or_path: ModelProto | str | os.PathLike, *, target: str =
     return ConvertedModel(converted, report, base_dir, imp.pending, read_from)
 
 
-_TRAINING_MODE_OPS = frozenset({"Dropout", "BatchNormalization"})  # what ``training_mode_nodes`` looks for
+_TRAINING_MODE_OPS = frozenset({"Dropout", "BatchNormalization", *DRAWS})  # what ``training_mode_nodes`` looks for
 
 
 def _check_dim_names(graph, dim_values: dict[str, int] | None, source: str) -> None:

@@ -27,7 +27,7 @@ def _dropout_model(training: bool | None, bn_training: int = 0):
 def test_dropout_and_batch_norm_left_in_training_mode_are_said_once():
     report = convert_onnx(_dropout_model(True, bn_training=1)).report
     note = report.summary["exported_in_training"]
-    assert note.startswith("exported in training mode: 2 Dropout/BatchNormalization nodes (drop, norm)")
+    assert note.startswith("exported in training mode: 2 Dropout/BatchNormalization/drop-path nodes (drop, norm)")
     assert "export after model.eval()" in note
     assert report.to_text().splitlines()[2].startswith("! exported in training mode: 2 ")  # first, under the title
     assert "exported in training mode" in report.to_html()
@@ -36,3 +36,25 @@ def test_dropout_and_batch_norm_left_in_training_mode_are_said_once():
 def test_an_inference_export_says_nothing():
     for training in (False, None):
         assert "exported_in_training" not in convert_onnx(_dropout_model(training)).report.summary
+
+
+def _drop_path_model(keep_mask: bool) -> object:
+    """A residual branch under stochastic depth as the dynamo exporter writes ``drop_path`` in train mode
+    (``x / keep * floor(keep + rand)``); with ``keep_mask=False`` the draw is used as it is (ViT-MAE's
+    patch-shuffle noise in eval mode), which is no training-mode behaviour."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+             helper.make_node("RandomUniformLike", ["h"], ["u"], name="draw", dtype=TensorProto.FLOAT)]
+    if keep_mask:
+        nodes += [helper.make_node("Add", ["keep", "u"], ["shifted"], name="shift"),
+                  helper.make_node("Floor", ["shifted"], ["mask"], name="floor")]
+    nodes += [helper.make_node("Mul", ["h", "mask" if keep_mask else "u"], ["y"], name="apply")]
+    inits = [weight("W", 16, 16), numpy_helper.from_array(np.array(0.9, np.float32), "keep")]
+    return model(nodes, [fin("x", 4, 16)], [fin("y", 4, 16)], inits)
+
+
+def test_a_drop_path_left_in_training_mode_is_said_and_other_random_draws_are_not():
+    """A CvT exported by the dynamo exporter through a wrapper in train mode kept its stochastic depth
+    (RandomUniformLike -> Add -> Floor, no Dropout node): its outputs were random and nothing said so."""
+    note = convert_onnx(_drop_path_model(True)).report.summary["exported_in_training"]
+    assert note.startswith("exported in training mode: 1 Dropout/BatchNormalization/drop-path nodes (draw)")
+    assert "exported_in_training" not in convert_onnx(_drop_path_model(False)).report.summary
