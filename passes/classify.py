@@ -16,7 +16,9 @@ Rewrite cases:
    An op the registry does not know but the user allows (``--allow MyOp``) is planned
    like a known op: its float ports form units (not ``fixed``, which left it "no float data").
 4. Registry FP32-only ports (normalisation statistics, ...) become ``fixed``; registry
-   ``unit_inputs`` (RMSNormalization's X, whose type inference follows Y) become ``unit``.
+   ``unit_inputs`` (RMSNormalization's X, whose type inference follows Y) become ``unit``, and so
+   does the input of RandomUniformLike, RandomNormalLike, Bernoulli and EyeLike written without a
+   ``dtype`` attribute: their output then takes the input's dtype (``_DTYPE_FROM_INPUT``).
 5. Control-flow ops (If/Loop/Scan) keep every port ``fixed``: their subgraphs' ops are
    planned on their own, with casts at the subgraph boundary.
 6. Each op records the dtype its unit ports had in the source (``source_dtype``).
@@ -48,6 +50,9 @@ from .user_rules import apply_user_rules
 _CONVERTIBLE = frozenset({"float32", "float16", "bfloat16"})
 #: rule 9: sums over at most this many elements are as safe as the Adds they stand for
 SMALL_SUM = 8
+#: ops whose output dtype is their input's where no ``dtype`` attribute says otherwise (rule 4): an input
+#: planned FP16 had made a FP32 RandomUniformLike write FP16, and the converted model failed ONNX's check
+_DTYPE_FROM_INPUT = frozenset({"RandomUniformLike", "RandomNormalLike", "Bernoulli", "EyeLike"})
 _DECIDES = ("op_class", "reason", "input_roles", "output_roles", "tensor_core", "forbid_low", "source_dtype")
 
 
@@ -169,7 +174,7 @@ def _assign_roles(dtype_of: dict[str, str | None], op: Op, row: OpDef | None, ct
     in_dtypes = tuple(map(dtype_of.__getitem__, op.inputs))  # read once per op
     out_dtypes = tuple(map(dtype_of.__getitem__, op.outputs))
     key = (id(row), known, tuple(map(id, op.port_groups)), in_dtypes, out_dtypes, op.forbid_low, op.op_type,
-           ctx.low_dtype)
+           ctx.low_dtype, op.op_type in _DTYPE_FROM_INPUT and "dtype" not in op.attrs)
     decided = memo.get(key)  # ClassifyPass.ensures reads the key's port dtypes and op type (_KEY_*)
     if decided is None:
         decided = memo[key] = _roles(op, row, ctx, known, in_dtypes, out_dtypes)
@@ -218,7 +223,8 @@ def _roles(op: Op, row: OpDef | None, ctx: PlanContext, known: bool, in_dtypes: 
         in_roles = [default if dtype_in(i) in _CONVERTIBLE else OTHER for i in range(len(op.inputs))]
         out_roles = [default if dtype_out(o) in _CONVERTIBLE else OTHER for o in range(len(op.outputs))]
     if row is not None:  # registry FP32-only ports, and inputs the schema's inference ties to the output
-        for i in row.unit_inputs:
+        tied = (*row.unit_inputs, 0) if op.op_type in _DTYPE_FROM_INPUT and "dtype" not in op.attrs else row.unit_inputs
+        for i in tied:
             if i < len(in_roles) and in_roles[i] == ANY and not control_flow:
                 in_roles[i] = UNIT
         for i in row.fp32_inputs:

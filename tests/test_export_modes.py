@@ -58,3 +58,15 @@ def test_a_drop_path_left_in_training_mode_is_said_and_other_random_draws_are_no
     note = convert_onnx(_drop_path_model(True)).report.summary["exported_in_training"]
     assert note.startswith("exported in training mode: 1 Dropout/BatchNormalization/drop-path nodes (draw)")
     assert "exported_in_training" not in convert_onnx(_drop_path_model(False)).report.summary
+
+
+def test_a_random_like_op_without_dtype_reads_its_input_in_its_own_dtype():
+    """RandomUniformLike without ``dtype`` writes its input's dtype. It stays FP32 (deny) while the GEMM
+    feeding it went FP16: its output became FP16 where the plan wanted FP32, and the converted model
+    failed ONNX's check ("B has inconsistent type tensor(float16)"). Its input now takes its dtype."""
+    m = _drop_path_model(True)
+    del m.graph.node[1].attribute[:]  # the draw without dtype, as ONNX allows
+    converted, report = convert_onnx(m)
+    draw = next(n for n in converted.graph.node if n.name == "draw")
+    producer = {o: n for n in converted.graph.node for o in n.output}[draw.input[0]]
+    assert producer.op_type == "Cast" and producer.attribute[0].i == TensorProto.FLOAT
