@@ -45,6 +45,8 @@ every op reading or writing a flagged value through a unit port in FP32):
    stay finite. The report lists each one (``summary["saturated_constants"]``). An op whose
    scalar argument is such a fill (FX: ``scalar_tensor``, ``masked_fill``, ``full`` of
    ``finfo.min``) is not forbidden the low dtype either; the FX emitter writes the argument clamped.
+   A test of the value against infinity (SDPA's decomposition: ``eq(scores, -inf)``) reads a clamped
+   fill as it reads finfo.min, and is passed over (``numerics_chains.tests_for_infinity``).
    Nor is a calibrated activation (rule 3) that such a fill flows into and that reaches only
    Softmax inputs: calibration ran the FP32 model with the fill unclamped (3.4e38 in a dynamo
    GPT-NeoX's mask), which the converted model never holds; with ``--calibrate`` GPT-NeoX,

@@ -243,17 +243,39 @@ _MASK_FLOW = frozenset({"where", "add", "sub", "mul", "neg", "expand", "unsqueez
                         "transpose", "slice", "concat", "identity", "tile", "broadcast_to", "cast"})
 _MASK_SINKS = frozenset({"softmax", "log_softmax"})
 _MASK_WALK = 4096
+#: tests whose answer is the same for any finite value: a finite fill, clamped or not, reads alike
+_NONFINITE_TESTS = frozenset({"is_inf", "is_na_n"})
+_EQUALITY_TESTS = frozenset({"equal", "not_equal"})
 
 
 def mask_flow(graph: PrecisionGraph, tensor: str) -> set[str] | None:
     """The ops ``tensor``'s value flows through into Softmax/LogSoftmax inputs, sinks included, when
-    that is all it reaches (rule 10: a mask fill); None when it reaches anything else."""
-    return _walk_to_sinks(graph, tensor, _MASK_SINKS, lambda reader, t: reader.canonical in _MASK_FLOW, _MASK_WALK)
+    that is all it reaches (rule 10: a mask fill); None when it reaches anything else. A test of the
+    value against infinity is no reader of it (``tests_for_infinity``): it is passed over."""
+    return _walk_to_sinks(graph, tensor, _MASK_SINKS, lambda reader, t: reader.canonical in _MASK_FLOW, _MASK_WALK,
+                          ignores=tests_for_infinity)
 
 
-def _walk_to_sinks(graph: PrecisionGraph, tensor: str, sinks: frozenset[str], passes, limit: int) -> set[str] | None:
+def tests_for_infinity(graph: PrecisionGraph, reader: Op, tensor: str) -> bool:
+    """Whether ``reader`` only asks if ``tensor`` is infinite or NaN: IsInf/IsNaN, or Equal/NotEqual
+    with an infinite scalar or one-element constant. Its boolean answer is the same for a mask fill
+    stored clamped (-32768) as for finfo.min, both finite: torch's SDPA decomposition guards fully
+    masked rows with ``eq(scores + mask, -inf)`` (a T5's relative-position mask on the torch path kept
+    every attention's mask Add and Softmax FP32, and the casts around them its score GEMMs)."""
+    if reader.canonical in _NONFINITE_TESTS:
+        return True
+    if reader.canonical not in _EQUALITY_TESTS:
+        return False
+    others = [graph.tensors[i].stats for i in reader.inputs if i and i != tensor]
+    return any(math.isinf(s) for s in reader.scalars) or \
+        any(s is not None and s.value is not None and math.isinf(s.value) for s in others)
+
+
+def _walk_to_sinks(graph: PrecisionGraph, tensor: str, sinks: frozenset[str], passes, limit: int,
+                   ignores=None) -> set[str] | None:
     """Every op reached from ``tensor`` through readers ``passes(reader, tensor)`` lets through, up to
-    ops in ``sinks``; None when a path ends anywhere else (a graph output, another op, ``limit`` ops)."""
+    ops in ``sinks``; None when a path ends anywhere else (a graph output, another op, ``limit`` ops).
+    Readers ``ignores(graph, reader, tensor name)`` accepts end their path without counting."""
     frontier, ops = [tensor], set()
     while frontier:
         t = graph.tensors[frontier.pop()]
@@ -264,7 +286,7 @@ def _walk_to_sinks(graph: PrecisionGraph, tensor: str, sinks: frozenset[str], pa
             if reader.canonical in sinks:
                 ops.add(name)
                 continue
-            if name in ops:
+            if name in ops or (ignores is not None and ignores(graph, reader, t.name)):
                 continue
             if not passes(reader, t) or len(ops) >= limit:
                 return None

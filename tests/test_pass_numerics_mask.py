@@ -129,6 +129,52 @@ def test_a_fill_that_reaches_anything_but_a_softmax_keeps_its_readers_fp32():
     assert ops["mask_add"]["precision"] == "float32" and "beyond the FP16 range" in ops["mask_add"]["reason"]
 
 
+def _with_a_fully_masked_row_guard(m, test: str):
+    """SDPA's decomposition after the softmax: rows whose masked scores are all -inf get zeros,
+    asked with Equal(masked, -inf) (or IsInf(masked)) -> Not -> Where(.., probs, 0)."""
+    nodes = list(m.graph.node)
+    softmax = next(i for i, n in enumerate(nodes) if n.name == "softmax")
+    inputs = ["masked", "neg_inf"] if test == "Equal" else ["masked"]
+    guard = [helper.make_node(test, inputs, ["is_inf"], name="inf_test"),
+             helper.make_node("Not", ["is_inf"], ["finite"], name="finite"),
+             helper.make_node("Where", ["finite", "probs", "zero"], ["guarded"], name="guard")]
+    context = next(n for n in nodes if n.name == "context")
+    context.input[0] = "guarded"
+    del m.graph.node[:]
+    m.graph.node.extend(nodes[:softmax + 1] + guard + nodes[softmax + 1:])
+    m.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, dtype=np.float32), "neg_inf"))
+    return m
+
+
+@pytest.mark.parametrize("test", ["Equal", "IsInf"])
+def test_a_test_of_the_masked_scores_for_infinity_does_not_keep_the_mask_fp32(test):
+    """Asking whether a masked score is infinite gets the same answer for the fill stored clamped
+    as for finfo.min (both finite): such a reader does not stop rule 10. A T5's attention on the torch
+    path (SDPA decomposed, with that guard) kept its mask Add and Softmax FP32 in every layer."""
+    m = _with_a_fully_masked_row_guard(_masked_attention(), test)
+    converted, report = convert_onnx(m, planner="all")
+    ops = {o["name"]: o["precision"] for o in report.ops}
+    assert ops["mask_fill"] == ops["mask_add"] == ops["softmax"] == "float16", ops
+    assert "fill" in report.summary["saturated_constants"]
+    rng = np.random.default_rng(0)
+    keep = rng.random((S, S)) < 0.7
+    keep[3] = False  # a fully masked row: finite in both, so the guard keeps it
+    feeds = {"x": rng.standard_normal((S, D)).astype(np.float32), "keep": keep}
+    ref, low = run_reference(m, feeds)[0], run_reference(converted, feeds)[0]
+    rows = np.arange(S) != 3  # (row 3 matches only for scores below 8: see the uniform-average test)
+    assert np.isfinite(low).all() and compare_outputs(["y"], [ref[rows]], [low[rows]])[0]["max_rel_error"] < 1e-2
+
+
+def test_a_comparison_with_a_finite_threshold_still_keeps_the_mask_fp32():
+    """Only a test against infinity reads a clamped fill as finfo.min: ``masked == -1e30`` would not."""
+    m = _with_a_fully_masked_row_guard(_masked_attention(), "Equal")
+    threshold = next(i for i in m.graph.initializer if i.name == "neg_inf")
+    threshold.CopyFrom(numpy_helper.from_array(np.array(-1e30, dtype=np.float32), "neg_inf"))
+    _, report = convert_onnx(m, planner="all")
+    ops = {o["name"]: o["precision"] for o in report.ops}
+    assert ops["mask_add"] == ops["softmax"] == "float32", ops
+
+
 def test_a_mask_fill_in_a_scalar_argument_runs_low_on_the_torch_path():
     """``scores.masked_fill(~mask, finfo.min)`` (DeBERTa, GPT-Neo): the fill is an FX scalar
     argument, not a constant. It only masks the softmax, so the masked_fill and softmax run FP16
@@ -156,6 +202,42 @@ def test_a_mask_fill_in_a_scalar_argument_runs_low_on_the_torch_path():
     assert s["fp16_gemm_flop_fraction"] == 1.0 and "-3.4e+38" in next(iter(s["saturated_constants"].values()))
     assert {o["precision"] for o in compiled.report.ops if o["op_type"] == "aten._softmax.default"} == {"float16"}
     assert f"{-2.0 ** 15}" in compiled.code and "-3.4028234663852886e+38" not in compiled.code
+    with torch.no_grad():
+        ref, out = m(x, mask), compiled(x, mask)
+    assert torch.isfinite(out).all() and float((ref - out).abs().max() / ref.abs().max()) < 1e-2
+
+
+def test_a_relative_position_mask_through_sdpa_runs_low_on_the_torch_path():
+    """T5's attention: a position bias masked with ``where(mask, bias, finfo.min)`` handed to
+    ``scaled_dot_product_attention`` as a float mask. Core aten's decomposition of SDPA asks
+    ``eq(scores + mask, -inf)`` to zero fully masked rows; that test had stopped rule 10, so the
+    mask's where, Add and Softmax stayed FP32 (an mT5 at 8x512: 57 % of its GEMM FLOPs FP16, now 92 %)."""
+    torch = pytest.importorskip("torch")
+    import amp_compiler
+
+    class RelativeAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.o = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+            self.bias = torch.nn.Embedding(2 * S, 1)
+
+        def forward(self, x, mask):
+            q, k, v = self.qkv(x).unsqueeze(1).chunk(3, -1)
+            pos = torch.arange(x.shape[1])
+            bias = self.bias(pos[None, :] - pos[:, None] + S)[..., 0]
+            keep = mask.bool()[:, None, None, :]
+            bias = torch.where(keep, bias, torch.finfo(torch.float32).min)
+            return self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)[:, 0])
+
+    torch.manual_seed(0)
+    m, x = RelativeAttention().eval(), torch.randn(2, S, D)
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[1, S // 2:] = 0
+    compiled = amp_compiler.compile(m, example_kwargs={"x": x, "mask": mask})
+    report = compiled.report
+    assert any(o["op_type"] == "aten.eq.Scalar" for o in report.ops)  # the guard this is about
+    softmax = {o["precision"] for o in report.ops if o["op_type"] == "aten._softmax.default"}
+    assert softmax == {"float16"} and report.summary.get("saturated_constants"), report.summary
     with torch.no_grad():
         ref, out = m(x, mask), compiled(x, mask)
     assert torch.isfinite(out).all() and float((ref - out).abs().max() / ref.abs().max()) < 1e-2
