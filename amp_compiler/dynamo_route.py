@@ -65,6 +65,7 @@ class DynamoRoute:
         self._ran = []
         stance = torch.compiler.set_stance("eager_on_recompile") if at_limit else contextlib.nullcontext()
         # dynamo's own recompile limit is per code object, shared with every model of the class: ours is max_plans
+        compile_again(self.model)
         with torch._dynamo.config.patch(recompile_limit=1 << 20), stance:
             out = self.compiled(*args, **kwargs)
         key = tuple(id(report) for report in self._ran)
@@ -81,4 +82,23 @@ class DynamoRoute:
         return plan, out
 
 
-__all__ = ["DYNAMO", "DynamoRoute"]
+def compile_again(model: torch.nn.Module) -> None:
+    """Let dynamo compile ``model``'s forward again where some other ``torch.compile`` of that code used
+    up dynamo's recompile limit. Dynamo then marks the code object run-only for the process (cached graphs
+    run, nothing new compiles), whatever limit a later call patches in; transformers wraps every model's
+    forward in one function, so after a user's ``torch.compile`` of five LMs (eight graphs) this route
+    captured nothing, and ``compile`` of any other transformers model failed with "dynamo captured no
+    graph" and advice about traceable constructs. There is no reading the mark back: a forward whose code
+    holds as many graphs as the limit gets the default strategy again; the user's own compiles of it
+    still meet the limit as before (docs/architecture.md, "Shapes on the dynamo route")."""
+    code = getattr(getattr(type(model), "forward", None), "__code__", None)
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:  # a torch without them: nothing to undo
+        return
+    if code is not None and len(_debug_get_cache_entry_list(code)) >= torch._dynamo.config.recompile_limit:
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+
+
+__all__ = ["DYNAMO", "DynamoRoute", "compile_again"]
