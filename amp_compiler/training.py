@@ -12,6 +12,7 @@ denied low precision by name (docs/architecture.md, "Training").
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -89,6 +90,7 @@ class TrainStep:
         self._warned_fp32 = False
         self._warned_hypers = False
         self._warned_grads = False
+        self._warned_dynamo = False
         self.grad_norm: torch.Tensor | None = None  #: the last update's total gradient norm (clipping)
         self.report = self.graph_module = None
         self.report_nodes: dict[str, str] = {}
@@ -99,6 +101,22 @@ class TrainStep:
 
     # -- running --------------------------------------------------------------------------------
     def __call__(self, *batch: Any, **named: Any) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # torch.compile(step), or a compiled loop calling it
+            return self._outside_dynamo(*batch, **named)
+        return self._call(*batch, **named)
+
+    @torch.compiler.disable
+    def _outside_dynamo(self, *batch: Any, **named: Any) -> torch.Tensor:
+        """The step called from code torch.compile traces: run as captured, outside dynamo, said once.
+        Dynamo had traced into the capture and the planner and failed there (numpy on its fake values)."""
+        if not getattr(self, "_warned_dynamo", False):  # (a step pickled before this flag)
+            self._warned_dynamo = True
+            warnings.warn("compile_training: the step was called inside torch.compile, which it is not traced by: it "
+                          "runs its own captured graph as it is; pass backend=\"inductor\" to compile_training for "
+                          "compiled kernels", stacklevel=user_stacklevel())
+        return self._call(*batch, **named)
+
+    def _call(self, *batch: Any, **named: Any) -> torch.Tensor:
         if named and batch:
             raise ValueError("compile_training: pass the step's batch positionally, step(*batch) or step(batch) "
                              "for a dict, or as keywords, step(**batch), not both")
@@ -130,6 +148,7 @@ class TrainStep:
         """Micro-batches accumulated since the last update, not applied yet (``flush()`` applies them)."""
         return self._micro
 
+    @torch.compiler.disable  # as __call__, called from code torch.compile traces
     def flush(self, apply: bool = True) -> bool:
         """Apply the gradients of an unfinished accumulation now: the end of an epoch whose micro-batch count
         is not a multiple of ``accumulation_steps``. Without it they stay accumulated and the next call's
@@ -503,13 +522,33 @@ class _Refreshing:
         return self.runner(*flat)
 
 
+def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``torch.compile(model)`` wraps (its ``OptimizedModule``), else ``model``: the step traces
+    the module itself (make_fx had traced into inductor's kernels: 'Cannot access data pointer of Tensor')."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was torch.compile'd
+    compiled = getattr(dynamo, "OptimizedModule", None)
+    return model._orig_mod if compiled is not None and isinstance(model, compiled) else model  # noqa: SLF001
+
+
+def _warn_if_compiled(model: torch.nn.Module) -> None:
+    """Say that a ``torch.compile``'d model (or one inside DDP) is trained through its original module, and
+    what compiles the step's kernels instead."""
+    inner = getattr(_uncompiled(model), "module", None)
+    if _uncompiled(model) is model and (inner is None or _uncompiled(inner) is inner):
+        return
+    warnings.warn("compile_training: the model is a torch.compile'd module; the step captures its original module "
+                  "itself (forward, backward and optimizer in one graph), so torch.compile's wrapper is not used: "
+                  "pass backend=\"inductor\" to compile_training for compiled kernels", stacklevel=user_stacklevel())
+
+
 def _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
            max_grad_value=None) -> Setup:
     """Validate the model/optimizer pair and fix the parameter order (the optimizer's groups)."""
     from .train_ddp import unwrap
 
-    wrapper = model
-    model, all_reduce = unwrap(model)
+    wrapper = _uncompiled(model)  # torch.compile(DDP(model)) or DDP(torch.compile(model)): the module itself
+    model, all_reduce = unwrap(wrapper)
+    model = _uncompiled(model)
     fopt.check(optimizer)
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
         raise ValueError(f"compile_training: accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
@@ -609,6 +648,7 @@ def compile_training(model: torch.nn.Module, loss_fn: Callable, optimizer: torch
         raise ValueError(f"compile_training: n_targets={n_targets!r} with an example batch of {len(example_batch)} "
                          f"item(s): the batch is the model's inputs, then n_targets targets for loss_fn (none "
                          f"for a dict batch whose labels the model takes: n_targets=0)")
+    _warn_if_compiled(model)
     setup = _setup(model, loss_fn, optimizer, config, n_targets, accumulation_steps, max_grad_norm, keep_grads,
                    max_grad_value)
     refuse_meta(setup.model, example_batch, "compile_training")

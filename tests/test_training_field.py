@@ -311,3 +311,55 @@ def test_optimizer_step_hooks_are_refused_naming_them():
     finally:
         handle.remove()
     step(*_batch())
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _eager_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def test_a_torch_compiled_model_trains_its_original_module_and_says_so():
+    """``compile_training(torch.compile(model), ...)``: make_fx had traced into inductor's kernels and
+    failed ('Cannot access data pointer of Tensor'); the step trains the module torch.compile wraps."""
+    captured, eager = _mlp(), _mlp()
+    x, y = _batch()
+    with pytest.warns(UserWarning, match=r"torch.compile'd module.*backend=\"inductor\""):
+        step = compile_training(torch.compile(captured), F.cross_entropy,
+                                torch.optim.SGD(captured.parameters(), lr=0.1), (x, y))
+    for _ in range(2):
+        step(x, y)
+    _eager_sgd(eager, x, y, 2)
+    for a, b in zip(eager.parameters(), captured.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_called_inside_torch_compile_runs_as_captured_and_says_so():
+    """``torch.compile(step)`` (or a compiled loop calling it): dynamo had traced into the capture and the
+    planner and failed there; the step runs outside dynamo, as captured, with one warning."""
+    captured, eager = _mlp(), _mlp()
+    x, y = _batch()
+    step = _quiet_compile(captured, F.cross_entropy, torch.optim.SGD(captured.parameters(), lr=0.1), (x, y),
+                          accumulation_steps=2)
+    compiled = torch.compile(step)
+    with pytest.warns(UserWarning, match="called inside torch.compile") as said:
+        compiled(x, y)
+        compiled(x, y)
+        compiled(x, y)
+    assert sum("inside torch.compile" in str(w.message) for w in said) == 1
+    assert torch.compile(lambda: step.flush())() is True  # the third micro-batch, applied
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for micro in range(3):
+        F.cross_entropy(eager(x), y).div(2).backward()
+        if micro % 2 or micro == 2:
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(eager.parameters(), captured.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
