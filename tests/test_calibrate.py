@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from amp_compiler import convert_onnx
@@ -197,3 +198,47 @@ def test_calibrating_a_loop_leaves_its_body_for_the_emitter():
     assert {o["name"]: o["precision"] for o in report.ops}["loop0.body/body_mm"] == "float16"
     got = run(converted, feeds)[0]
     assert rel_error(run(m, feeds)[0], got) < 1e-2
+
+
+def _nested(inner: onnx.NodeProto, outer_op: str = "Loop") -> onnx.ModelProto:
+    """``inner`` (reading ``o_in``, writing ``s_final``) inside the body of a one-trip Loop ``outer``, or in
+    the then-branch of an If inside it (its else-branch passes ``o_in`` through), then a GEMM ``head``."""
+    from onnx import TensorProto, numpy_helper
+
+    body_nodes = [helper.make_node("Identity", ["ocond_in"], ["ocond_out"], name="ocond")]
+    if outer_op == "If":
+        then = helper.make_graph([inner], "then", [], [fin("s_final", 4, 64)])
+        other = helper.make_graph([helper.make_node("Identity", ["o_in"], ["passed"], name="pass")], "else", [],
+                                  [fin("passed", 4, 64)])
+        body_nodes.append(helper.make_node("If", ["ocond_in"], ["o_out"], name="branch", then_branch=then,
+                                           else_branch=other))
+    else:
+        body_nodes += [inner, helper.make_node("Identity", ["s_final"], ["o_out"], name="oid")]
+    body = helper.make_graph(body_nodes, "obody", [fin("j", dtype=TensorProto.INT64),
+                                                   fin("ocond_in", dtype=TensorProto.BOOL), fin("o_in", 4, 64)],
+                             [fin("ocond_out", dtype=TensorProto.BOOL), fin("o_out", 4, 64)])
+    nodes = [helper.make_node("Loop", ["otrips", "cond", "x"], ["o_final"], name="outer", body=body),
+             helper.make_node("MatMul", ["o_final", "W"], ["y"], name="head")]
+    source = growing_loop()
+    return model(nodes, [fin("x", 4, 64)], [fin("y", 4, 64)],
+                 [*source.graph.initializer, numpy_helper.from_array(np.array(1, np.int64), "otrips")])
+
+
+@pytest.mark.parametrize("outer_op", ["Loop", "If"])
+def test_calibration_measures_a_loop_nested_in_a_loop_body(outer_op):
+    """A growing Loop inside a Loop's body (or inside an If in it): calibration had measured only bodies of
+    main-graph nodes, so its GEMM, whose state passes 65504, was planned FP16 under calibration."""
+    inner = growing_loop().graph.node[0]
+    inner.name, inner.input[2] = "inner", "o_in"
+    m = _nested(inner, outer_op)
+    before = m.SerializeToString()
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    ref = run(m, feeds)[0]
+    assert np.abs(ref).max() > 65504
+    calibrated, report = convert_onnx(m, calibration_inputs=feeds, planner="all")
+    assert m.SerializeToString() == before  # the probed run's additions are gone, at every depth
+    ops = {o["name"].rsplit("/", 1)[-1]: o for o in report.ops}
+    assert ops["body_mm"]["precision"] == "float32"
+    assert "activation mm reaches" in ops["body_mm"]["reason"]
+    got = _reference(calibrated, feeds)
+    assert np.isfinite(got).all() and rel_error(ref, got) < 1e-2
