@@ -19,6 +19,13 @@ from .report import Report
 
 DYNAMO = "torch.compile (dynamo, graph breaks allowed)"
 
+try:  # what compile_again needs; a torch without them has nothing to undo
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+    _DEFAULT_STRATEGY = FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
+except ImportError:
+    _DEFAULT_STRATEGY = None
+
 
 class DynamoRoute:
     """``torch.compile`` with the amp_compiler backend and dynamo's default shapes
@@ -92,13 +99,9 @@ def compile_again(model: torch.nn.Module) -> None:
     holds as many graphs as the limit gets the default strategy again; the user's own compiles of it
     still meet the limit as before (docs/architecture.md, "Shapes on the dynamo route")."""
     code = getattr(getattr(type(model), "forward", None), "__code__", None)
-    try:
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-    except ImportError:  # a torch without them: nothing to undo
-        return
-    if code is not None and len(_debug_get_cache_entry_list(code)) >= torch._dynamo.config.recompile_limit:
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+    if code is not None and _DEFAULT_STRATEGY is not None and \
+            len(_debug_get_cache_entry_list(code)) >= torch._dynamo.config.recompile_limit:
+        set_code_exec_strategy(code, _DEFAULT_STRATEGY)
 
 
 __all__ = ["DYNAMO", "DynamoRoute", "compile_again"]
