@@ -53,8 +53,8 @@ def main() -> int:
     print(f"compiled and ran in {time.perf_counter() - start:.1f} s: {len(reports)} graphs\n")
     for report in reports:
         s = report.summary
-        print(f"{report.source}: {s['nodes']} ops, {s['fp16_nodes']} in FP16, "
-              f"{s['fp16_gemm_flop_fraction']:.0%} of GEMM/conv FLOPs in FP16, {s['casts']} casts, "
+        gemms = f"{s['fp16_gemm_flop_fraction']:.0%} of GEMM/conv FLOPs in FP16" if s["gemm_flops"] else "no GEMM/conv"
+        print(f"{report.source}: {s['nodes']} ops, {s['fp16_nodes']} in FP16, {gemms}, {s['casts']} casts, "
               f"predicted {s['predicted_speedup_vs_fp32']:.2f}x over FP32")
     gemms = [o for o in reports[0].ops if o["class"] == "allow"][:3]
     print("\nfirst GEMMs of graph 0:")

@@ -244,6 +244,18 @@ def test_missing_optional_sections_render():
         assert r.validation is None
 
 
+def test_tensor_core_line_without_gemms():
+    """A plan with no GEMM/conv says so; it is not '100% of GEMM/conv FLOPs' (the summary's fraction
+    is 1.0 then: nothing left FP32)."""
+    with_gemms = Report(make_report(3))
+    assert "75.0% of GEMM/conv FLOPs" in with_gemms.to_text()
+    data = make_report(3)
+    data["summary"].update(gemm_flops=0.0, fp16_gemm_flop_fraction=1.0)
+    text, page = Report(data).to_text(), Report(data).to_html()
+    assert "no GEMM/conv ops" in text and "100.0%" not in text
+    assert "no GEMM/conv ops" in page and "100.0%" not in page
+
+
 def test_validation_failure_rendered():
     data = make_report(3)
     data["validation"] = {"tolerance": 1e-3, "passed": False,

@@ -100,6 +100,16 @@ def fmt_pct(fraction: float) -> str:
     return f"{fraction * 100:.1f}%"
 
 
+def fmt_tensor_core_share(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """(share, what of) for the summary's tensor-core line: the low-dtype share of the GEMM/conv
+    FLOPs, or that there are none (the summary's fraction is 1.0 then: nothing left FP32)."""
+    gemm = summary.get("gemm_flops")
+    if gemm == 0:
+        return "none", "no GEMM/conv ops"
+    return (fmt_pct(summary.get("fp16_gemm_flop_fraction")),
+            "of GEMM/conv FLOPs" + (f" ({fmt_flops(gemm)})" if gemm is not None else ""))
+
+
 @_numeric()
 def fmt_speedup(v: float) -> str:
     return f"{v:.2f}×"

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
-                         fmt_time, overflow_lines, num, plural, ratio)
+                         fmt_tensor_core_share, fmt_time, overflow_lines, num, plural, ratio)
 from .html_assets import CSS, JS
 from ..report_graph import GRAPH_JS, html_views
 from .schema import CLASS_ORDER, PRECISION_LABEL, SCHEMA_VERSION
@@ -43,13 +43,11 @@ def render_html(report, sections: Sequence[tuple[str, str]] = ()) -> str:
     # summary cards
     nodes, fp16, fp32 = (s.get(k) for k in ("nodes", "fp16_nodes", "fp32_nodes"))
     vs_fp32, vs_fp16 = s.get("predicted_speedup_vs_fp32"), s.get("predicted_speedup_vs_all_fp16")
-    gemm = s.get("gemm_flops")
     low_label = PRECISION_LABEL.get(str(s.get("dtype")), "FP16")  # all-BF16 under --dtype bf16
     cards = [
         ("Nodes", fmt_count(nodes), f"{fmt_count(fp16)} reduced · {fmt_count(fp32)} FP32"),
         ("Reduced precision", fmt_pct(ratio(fp16, nodes)), "of nodes"),
-        ("Tensor-core FLOPs", fmt_pct(s.get("fp16_gemm_flop_fraction")),
-         "of GEMM/conv FLOPs" + (f" ({fmt_flops(gemm)})" if gemm is not None else "")),
+        ("Tensor-core FLOPs", *fmt_tensor_core_share(s)),
         ("Casts", fmt_count(s.get("casts")), fmt_bytes(s.get("cast_bytes"))),
         ("Predicted time", fmt_time(s.get("predicted_time_mixed_s")),
          f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · all-{low_label} "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_flops, fmt_pct, fmt_sci, fmt_speedup,
-                         fmt_time, overflow_lines, num, plural, short_dtype)
+from .formatting import (clean, fmt_bool, fmt_bytes, fmt_count, fmt_sci, fmt_speedup,
+                         fmt_tensor_core_share, fmt_time, overflow_lines, num, plural, short_dtype)
 from .schema import PRECISION_LABEL
 from .text_table import INDENT, TEXT_WIDTH, Col, cut, display_width, heading, more_line, table, trunc_end
 
@@ -60,9 +60,7 @@ def render_text(report, max_rows: int | None = 60) -> str:
     rows = [("nodes", f"{fmt_count(nodes)} ({_low_counts(report.decisions, fp16, red_label)}, {fmt_count(fp32)} FP32)")]
     rows.append(("casts", f"{fmt_count(s.get('casts'))} "
                           f"({fmt_bytes(s.get('cast_bytes'))} converted)"))
-    frac, gemm = s.get("fp16_gemm_flop_fraction"), s.get("gemm_flops")
-    rows.append(("tensor cores", f"{fmt_pct(frac)} of GEMM/conv FLOPs"
-                                 + (f" ({fmt_flops(gemm)})" if gemm is not None else "")))
+    rows.append(("tensor cores", " ".join(fmt_tensor_core_share(s))))
     rows.append(("predicted time",
                  f"FP32 {fmt_time(s.get('predicted_time_fp32_s'))} · "
                  f"mixed {fmt_time(s.get('predicted_time_mixed_s'))} · "
