@@ -24,6 +24,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from .errors import ConversionError
+from .registry import DEFAULT_REGISTRY, DENY
 
 
 @torch.library.custom_op("amp_compiler::unscale_marker", mutates_args=())
@@ -104,3 +105,43 @@ def fp32_ops(names: set[str]):
         yield
     finally:
         names.update(n.name for n in graph.nodes if n not in before and n.op == "call_function")
+
+
+#: ops whose values read no tensor's data (only its shape, or none): the backward seed's ``ones_like``
+_DATA_FREE = frozenset("ones_like zeros_like empty_like full_like new_ones new_zeros new_full new_empty "
+                       "scalar_tensor full ones zeros".split())
+
+
+def scale_carriers(gm: torch.fx.GraphModule, scale_index: int) -> set[str]:
+    """Names of the nodes that compute values from the loss scale alone (the backward's first gradients:
+    the seed's ``ones_like * scale``, a custom ``backward``'s ``g * 2``, expanded to the loss's operand) and
+    of the nodes reading one: the planner denies them low precision. The scale is no FP16 number (2**16),
+    so an FP16 op reading such a value cast it to inf and every step was skipped until the scale had
+    backed off (a custom ``autograd.Function`` loss whose backward ran FP16, as eager's, run by its
+    forward's FP32 dtype, never does). docs/architecture.md, "Training"."""
+    scale = [n for n in gm.graph.nodes if n.op == "placeholder"][scale_index]
+    carriers, readers = {scale}, set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not any(a in carriers for a in node.all_input_nodes):
+            continue
+        if all(a in carriers or _data_free(a) for a in node.all_input_nodes):
+            carriers.add(node)
+        else:
+            readers.add(node)
+    # an op FP32 by its class (nll_loss_backward: 'loss gradients stay FP32') is left to it: named, it would
+    # also change how the planner spreads FP32 around it
+    return {n.name for n in (carriers | readers) if n.op == "call_function" and not _deny_class(n)}
+
+
+def _deny_class(node: torch.fx.Node) -> bool:
+    row = DEFAULT_REGISTRY.lookup_aten(getattr(getattr(node.target, "overloadpacket", None), "__name__", ""))
+    return row is not None and row.op_class == DENY
+
+
+def _data_free(node: torch.fx.Node) -> bool:
+    """A constant, a value made from a shape (``ones_like``), or a size (a symbolic trace's ``sym_size`` and
+    its arithmetic: the static trace's ``div(expand, 64)`` is ``div(expand, s0)`` there)."""
+    if node.op == "get_attr" or not isinstance(node.meta.get("val", torch.empty(())), torch.Tensor):
+        return True
+    packet = getattr(node.target, "overloadpacket", None)
+    return node.op == "call_function" and getattr(packet, "__name__", "") in _DATA_FREE

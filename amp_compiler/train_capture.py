@@ -189,14 +189,15 @@ def trace_variant(setup: Setup, variant: Variant, states: list[dict[str, Any]], 
         # under the compiling flag, as torch.compile and torch.export trace: models take their traceable
         # paths (transformers' MoE experts call a custom op, not grouped_mm, whose meta kernel wants BF16)
         with fopt.compiling(), tracing_quiet():  # a failure is our one error, not fake_tensor's logs
-            if dynamic:
-                return _trace_symbolic(step, example, len(batch), dynamic)
-            return Traced(make_fx(step, tracing_mode="fake")(*example))  # one fake mode for every node's meta
+            traced = _trace_symbolic(step, example, len(batch), dynamic) if dynamic else \
+                Traced(make_fx(step, tracing_mode="fake")(*example))  # one fake mode for every node's meta
     except ConversionError:
         raise
     except Exception as exc:  # noqa: BLE001 - named as compile's are: the user's line, the construct, the fix
         found = capture_error(exc, type(setup.model).__name__, "make_fx (tracing the training step)")
         raise ConversionError("compile_training", f"{found.source}, {found.where}", found.reason) from None
+    fp32.update(ls.scale_carriers(traced.gm, n_p + n_f + n_b + n_s + n_l))  # values of the scale alone stay FP32
+    return traced
 
 
 def _trace_symbolic(step: Callable, example: list[torch.Tensor], n_batch: int,

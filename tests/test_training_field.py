@@ -363,3 +363,39 @@ def test_the_step_called_inside_torch_compile_runs_as_captured_and_says_so():
             opt.zero_grad()
     for a, b in zip(eager.parameters(), captured.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+class _DoubledMSE(torch.autograd.Function):
+    """A loss with its own backward, which multiplies the incoming gradient (the loss scale) by 2 first."""
+
+    @staticmethod
+    def forward(ctx, pred, target):
+        ctx.save_for_backward(pred, target)
+        return ((pred - target) ** 2).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pred, target = ctx.saved_tensors
+        return grad * 2 * (pred - target) / pred.numel(), None
+
+
+def test_a_custom_backward_reading_the_loss_scale_skips_no_step():
+    """The custom backward's ``grad * 2`` is 2**17 at the default scale: planned FP16 next to the FP16
+    GEMMs, it had been cast to inf, so every step was skipped until the scale had backed off to 2**14.
+    Values of the scale alone, and the ops reading them, stay FP32 (``loss_scale.scale_carriers``)."""
+    captured, eager = _mlp(), _mlp()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
+    step = _quiet_compile(captured, lambda out, t: _DoubledMSE.apply(out, t),
+                          torch.optim.SGD(captured.parameters(), lr=0.1), (x, y), planner="greedy")
+    for _ in range(3):
+        step(x, y)
+    assert step.skipped_steps == 0 and step.scale == 2.0 ** 16
+    assert step.report.summary["fp16_gemm_flop_fraction"] == 1.0
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        _DoubledMSE.apply(eager(x), y).backward()
+        opt.step()
+    for a, b in zip(eager.parameters(), captured.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3)
