@@ -125,13 +125,14 @@ class AmpModule(torch.nn.Module):
 
     @torch.compiler.disable  # torch.compile(amp_model) runs the plans as they are (docs/architecture.md)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        swapped = self._swaps.swapped()
-        if swapped:  # plans read the tensors they were captured with (model_checks.SwapWatch)
-            if self.plans:
-                warnings.warn(f"amp_compiler: AmpModule({self._source}): {swapped} was replaced since its plans "
-                              f"were made, which read the old one's weights: planned again",
-                              stacklevel=user_stacklevel())
-            self._drop_plans()
+        with CAPTURE_LOCK.running():  # not while another thread's capture holds fakes in the module's slots
+            swapped = self._swaps.swapped()
+            if swapped:  # plans read the tensors they were captured with (model_checks.SwapWatch)
+                if self.plans:
+                    warnings.warn(f"amp_compiler: AmpModule({self._source}): {swapped} was replaced since its "
+                                  f"plans were made, which read the old one's weights: planned again",
+                                  stacklevel=user_stacklevel())
+                self._drop_plans()
         self._follow_mode()
         first = isinstance(self._route, _FirstCall)
         if not first:  # a first call captures the hooks there are (and warns of them)
@@ -146,8 +147,9 @@ class AmpModule(torch.nn.Module):
             self.__dict__["_route"] = self._route.route
         self.__dict__["_last"] = plan
         self._say_if_fp32(plan)
-        if self._swaps.swapped():  # the forward itself replaced them (dynamo runs its Python): state
-            self._swaps.reset()
+        with CAPTURE_LOCK.running():
+            if self._swaps.swapped():  # the forward itself replaced them (dynamo runs its Python): state
+                self._swaps.reset()
         if self._mode[1] is None and not self.__dict__.get("_grad_said") and torch.is_grad_enabled() and \
                 any(p.requires_grad for p in self._route.model.parameters()):  # said once (fx_io/inference_grad.py)
             self.__dict__["_grad_said"] = warn_no_weight_grad(f"AmpModule({self._source})",

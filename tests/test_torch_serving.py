@@ -67,6 +67,43 @@ def test_threads_capturing_at_once_each_get_their_own_right_outputs(options):
     assert 1 <= amp.plans <= 3  # a static plan, then symbolic ones the later sizes share
 
 
+def test_a_call_during_another_threads_capture_sees_no_replaced_weight():
+    """torch.export's non-strict trace puts fakes in the module's parameter slots while it captures. A
+    call on another thread had read them as replaced: 'a.weight was replaced since its plans were
+    made', its plans dropped, and the watch reset to the fakes. The call now waits for the capture."""
+    from amp_compiler.fx_io.serving import CAPTURE_LOCK
+
+    model = _TwoInputs().eval()
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    amp = amp_compiler.compile(model, (x, y))
+    real = model.a._parameters["weight"]
+    swapped, done = threading.Event(), threading.Event()
+
+    def capture_elsewhere() -> None:  # what export's reparametrisation does to the module, under the lock
+        with CAPTURE_LOCK.capturing():
+            model.a._parameters["weight"] = torch.nn.Parameter(real.detach().clone())
+            swapped.set()
+            time.sleep(0.3)
+            model.a._parameters["weight"] = real
+        done.set()
+
+    thread = threading.Thread(target=capture_elsewhere)
+    thread.start()
+    swapped.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            out = amp(x, y)
+    thread.join()
+    assert done.is_set() and amp.plans == 1
+    with torch.no_grad():
+        assert torch.allclose(out, model(x, y), atol=1e-2, rtol=1e-2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            amp(x, y)  # the watch still holds the real weight: no replacement seen after the capture
+    assert amp.plans == 1
+
+
 @pytest.mark.parametrize("options", [{}, {"planner": "all"}], ids=["default", "all"])
 def test_a_flag_set_after_compiling_is_planned_again_not_ignored(options):
     """Before: the plan captured with a flag off kept running after it was set on (two Linears: error 1.8)."""
