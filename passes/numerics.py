@@ -11,7 +11,10 @@ every op reading or writing a flagged value through a unit port in FP32):
 1. A float constant with a finite value beyond the dtype's max, or with 1 % or more of its
    nonzero values below the dtype's smallest subnormal (they would flush to zero), is flagged.
 2. An op with a float scalar argument beyond the dtype's max (FX: ``full(..., -3.4e38)``,
-   the usual attention-mask fill) is forbidden the low dtype and its outputs are flagged.
+   the usual attention-mask fill) is forbidden the low dtype and its outputs are flagged. A clamp
+   whose scalar minimum is below the dtype's smallest subnormal (``F.normalize``'s
+   ``clamp_min(norm, 1e-12)``; Clip-6's ``min``) has its outputs flagged as rule 1 flags that
+   minimum stored as a constant: the floor would flush to zero and a zero norm divide 0 by 0.
 3. A calibrated activation (``calibrated_peak``) above ``max / ctx.calibration_margin``, or
    nonzero yet below the dtype's smallest normal (every value subnormal), is flagged.
 4. QDQ units: an op reading a DequantizeLinear output or feeding a QuantizeLinear keeps its
@@ -151,6 +154,11 @@ class NumericsPass(Pass):
                 for out in op.outputs:
                     if out:
                         tensors.setdefault(out, ops[op.name])
+        for op in graph.ops.values():  # 2: a clamp's floor that flushes to zero
+            if (why := flushed_floor(op, rng, label)) is not None:
+                for out in op.outputs:
+                    if out:
+                        tensors.setdefault(out, why)
         masked = dict.fromkeys(saturated, "")  # 3 and 10: what a stored-clamped fill flows into
         _follow_value_flow(graph, masked)
         for name, why in calibrated.items():
@@ -229,6 +237,18 @@ def _only_added(graph: PrecisionGraph, t: Tensor, rng: DtypeRange, unscaled: set
             else:
                 return False
     return added
+
+
+def flushed_floor(op: Op, rng: DtypeRange, label: str) -> str | None:
+    """Why a clamp's scalar minimum cannot be held in the dtype of range ``rng`` (rule 2), or None: a
+    nonzero ``min`` (Clip-6's attribute, aten's clamp argument as the FX importer keeps it) below the
+    smallest subnormal flushes to zero. On the ONNX path the same minimum is a constant (rule 1); on the
+    torch path ``F.normalize``'s Div had been reported held by deny propagation from its norm."""
+    floor = op.attrs.get("min") if op.canonical == "clip" else None
+    if not floor or abs(floor) >= rng.tiny:
+        return None
+    return (f"{op.name}: argument min={floor:.3g} is below the smallest {label} subnormal and would flush "
+            f"to zero: the clamp would no longer keep its output off 0")
 
 
 def constant_reason(t: Tensor, rng: DtypeRange, label: str) -> str | None:
@@ -344,4 +364,4 @@ def _follow_value_flow(graph: PrecisionGraph, flagged: dict[str, str]) -> None:
                 flagged.setdefault(out, why)
 
 
-__all__ = ["NumericsPass", "VALUE_FLOW", "mask_fill", "calibrated_reason", "constant_reason", "qdq_members"]
+__all__ = ["NumericsPass", "VALUE_FLOW", "mask_fill", "calibrated_reason", "constant_reason", "flushed_floor", "qdq_members"]

@@ -96,12 +96,26 @@ def eps_chains(graph: PrecisionGraph, rng: DtypeRange, label: str) -> tuple[dict
             continue
         why = (f"{op.op_type} of a reduction plus eps {eps:.3g}: below {label}'s smallest normal "
                f"({rng.min_normal:.2g}) a variance near zero loses its digits and its reciprocal overflows")
-        for name in (reduction.name, *between, op.name):  # a mean is infer: its statistics stay FP32 here
+        inverses = _reciprocals_of(graph, op) if op.canonical == "sqrt" else []
+        for name in (reduction.name, *between, op.name, *(r.name for r in inverses)):  # a mean is infer
             ops.setdefault(name, why)
         peak = {"sqrt": eps ** 0.5, "rsqrt": eps ** -0.5, "reciprocal": 1.0 / eps}[op.canonical]
-        if peak > rng.max and op.outputs and op.outputs[0]:
-            tensors[op.outputs[0]] = f"{op.name} can reach {peak:.3g} (1/eps), beyond the {label} range"
+        for writer, top in [(op, peak)] + [(r, eps ** -0.5) for r in inverses]:
+            if top > rng.max and writer.outputs and writer.outputs[0]:
+                tensors[writer.outputs[0]] = f"{writer.name} can reach {top:.3g} (1/eps), beyond the {label} range"
     return ops, tensors
+
+
+def _reciprocals_of(graph: PrecisionGraph, root: Op) -> list[Op]:
+    """The readers of ``root``'s output that take its reciprocal: a Reciprocal (the dynamo exporter's
+    ``rsqrt``) or ``Div(1, s)`` (TorchScript's). With the Sqrt they are the chain's ``rsqrt``, and the
+    rule holds them as it holds an Rsqrt: an RMSNorm's ``Div(1, s)`` had been reported held by deny
+    propagation from the Pow, a rule the value it reads (at least sqrt(eps)) does not need."""
+    out = root.outputs[0] if root.outputs else None
+    if not out:
+        return []
+    readers = (graph.ops[name] for name, _ in graph.tensors[out].consumers)
+    return [r for r in readers if r.canonical == "reciprocal" or reciprocal_of(graph, r) == out]
 
 
 def _chain_to_reduction(graph: PrecisionGraph, root: Op) -> tuple[list[str], float, Op] | None:

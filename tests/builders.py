@@ -123,9 +123,9 @@ class IRBuilder:
 
 
 def rms_norm_stack(blocks: int = 6, d: int = 64, tokens: int = 16, gamma=None,
-                   torchscript: bool = False) -> onnx.ModelProto:
+                   torchscript: bool = False, eps: float = 1e-6) -> onnx.ModelProto:
     """``blocks`` x (MatMul -> T5/Llama RMSNorm as the dynamo exporter writes torch.rsqrt: Pow,
-    ReduceMean, Add eps 1e-6, Sqrt, Reciprocal, Mul(h, r)). ``gamma(block, d)``, if given, returns
+    ReduceMean, Add ``eps``, Sqrt, Reciprocal, Mul(h, r)). ``gamma(block, d)``, if given, returns
     each norm's learned 1-D scale, applied as ``Mul(gamma, normed)`` as T5 and Llama do.
     ``torchscript``: as the TorchScript exporter writes Gemma's norm: ``h.float()`` a Cast,
     ``Div(Constant 1, s)`` for the Reciprocal, the scale ``Add(1, gamma - 1)`` left unfolded."""
@@ -158,7 +158,7 @@ def rms_norm_stack(blocks: int = 6, d: int = 64, tokens: int = 16, gamma=None,
         x = f"{n}y"
     inits += [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
               numpy_helper.from_array(np.array([-1], np.int64), "axes"),
-              numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+              numpy_helper.from_array(np.array(eps, np.float32), "eps")]
     nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
     return model(nodes, [fin("x", tokens, d)], [fin("y", tokens, d)], inits)
 

@@ -12,7 +12,7 @@ from amp_compiler.onnx_api import convert_onnx
 from passes import ClassifyPass, NumericsPass
 from passes.explain import _named_apart
 
-from .builders import IRBuilder, fin, model, weight
+from .builders import IRBuilder, fin, model, plan, rms_norm_stack, weight
 
 H = 64
 
@@ -190,3 +190,52 @@ def test_each_rule_quoting_an_op_names_it_by_type_and_nothing_else():
                                        "is lost"}
     overflows = {_named_apart(b.graph, flags.tensors[f"{n}_out"]) for n in ("reciprocal", "Reciprocal")}
     assert overflows == {"its Reciprocal can reach 1e+06 (1/eps), beyond the FP16 range"}
+
+
+def _held(report, name: str) -> tuple[str, str]:
+    op = next(o for o in report.ops if o["name"] == name)
+    return op["precision"], op["reason"]
+
+
+def test_a_torchscript_rms_norms_reciprocal_div_is_held_by_the_eps_rule_not_deny_propagation():
+    """TorchScript writes ``torch.rsqrt`` as ``Div(1, Sqrt(mean(x^2) + eps))``: that Div had been reported
+    "downstream of deny op ... Pow", though what it reads is at least sqrt(eps); the eps rule holds it,
+    as it holds an Rsqrt (``numerics_chains.eps_chains``). The plan is the same."""
+    _, report = plan(rms_norm_stack(blocks=2, torchscript=True))
+    precision, reason = _held(report, "b0_rsqrt")
+    assert precision == "float32", reason
+    assert "of a reduction plus eps 1e-06" in reason and "downstream of deny" not in reason, reason
+
+
+def test_a_torchscript_rms_norms_reciprocal_of_a_tiny_eps_is_flagged_beyond_fp16():
+    """eps 1e-12: 1/sqrt(eps) = 1e6, beyond FP16. An Rsqrt's output was flagged so; the TorchScript
+    ``Div(1, s)`` was not, and the normalising ``Mul(x, r)`` could read r as inf (0 * inf = NaN)."""
+    _, report = plan(rms_norm_stack(blocks=2, torchscript=True, eps=1e-12))
+    precision, reason = _held(report, "b0_norm")
+    assert precision == "float32" and "b0_rsqrt can reach 1e+06" in reason, reason
+
+
+def test_torch_normalize_is_held_by_its_flushed_eps_and_a_tiny_layer_norm_eps_holds_nothing():
+    """``F.normalize``'s ``x / clamp_min(norm, 1e-12)`` on the torch path: the Div had been reported held by
+    deny propagation from the norm (its output is at most 1); the clamp's minimum flushes to zero in FP16,
+    as the ONNX path says of the same minimum stored as a constant. A LayerNorm's eps of 1e-12 (BERT's),
+    also a scalar argument, is no clamp minimum: the rule leaves it alone."""
+    import torch
+    import torch.nn.functional as F
+
+    import amp_compiler
+
+    class Normalized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.ln = torch.nn.Linear(H, H), torch.nn.Linear(H, H), torch.nn.LayerNorm(H, eps=1e-12)
+
+        def forward(self, x):
+            return self.b(self.ln(F.normalize(self.a(x), dim=-1)))
+
+    report = amp_compiler.compile(Normalized().eval(), (torch.randn(8, H),)).report
+    divs = [o for o in report.ops if "aten.div" in o["name"]]
+    assert divs and all(o["precision"] == "float32" for o in divs), divs
+    assert all("argument min=1e-12 is below the smallest FP16 subnormal" in o["reason"] for o in divs), divs
+    norms = [o for o in report.ops if "layer_norm" in o["name"]]
+    assert norms and not any("subnormal" in o["reason"] for o in norms), norms

@@ -328,14 +328,15 @@ def _attrs(packet: str, node: fx.Node) -> dict[str, Any]:
         return {"exponent": float(node.args[1])}
     if packet.startswith(("upsample_", "_upsample_")):
         return {"mode": "cubic" if "cubic" in packet else "nearest" if "nearest" in packet else "linear"}
-    if packet in _CLAMP_MAX:  # Clip-6's ``max``: an upper bound numerics_chains.bounded_exp reads
-        upper = _argument(node, *_CLAMP_MAX[packet])
-        return {"max": float(upper)} if isinstance(upper, (int, float)) and not isinstance(upper, bool) else {}
+    if packet in _CLAMP_BOUNDS:  # Clip-6's ``min``/``max``: the bounds numerics rule 2 and bounded_exp read
+        bounds = {key: _argument(node, *where) for key, where in _CLAMP_BOUNDS[packet].items()}
+        return {key: float(v) for key, v in bounds.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {}
 
 
-#: where each clamp's scalar maximum is: (position, keyword)
-_CLAMP_MAX = {"clamp": (2, "max"), "clamp_max": (1, "max"), "hardtanh": (2, "max_val")}
+#: where each clamp's scalar bounds are, as Clip-6's attributes: {attribute: (position, keyword)}
+_CLAMP_BOUNDS = {"clamp": {"min": (1, "min"), "max": (2, "max")}, "clamp_min": {"min": (1, "min")},
+                 "clamp_max": {"max": (1, "max")}, "hardtanh": {"min": (1, "min_val"), "max": (2, "max_val")}}
 
 
 _SUBSCRIPT = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
