@@ -8,7 +8,9 @@ so the remaining casts fuse into neighbouring kernels.
 Options (all optional): ``target``, ``dtype``, ``allow``, ``deny``, ``deny_nodes``,
 ``planner``, ``keep_io_types``, ``default_dim``, ``deny_propagation``, ``deploy``,
 ``objective`` -- as for ``amp_compiler.compile`` --
-``backend`` (None or "inductor"), ``training`` (default: grad mode is on and a parameter
+``backend`` (None or "inductor"), ``mode`` (inductor's ``torch.compile`` mode, with ``backend="inductor"``:
+``torch.compile`` takes ``mode=`` or ``options=``, not both, so a ``mode=`` of its own reaches a backend
+without ``options`` and is said not to apply to the eager plans), ``training`` (default: grad mode is on and a parameter
 requires grad), ``on_report`` (a callable that receives each graph's ``Report`` when it is
 planned) and ``on_run`` (one called with that ``Report`` each time the graph runs: which plan a
 call used, when dynamo picks among several) and ``reuse`` (a dict the caller keeps: a graph
@@ -29,7 +31,9 @@ importing anything first.
 
 from __future__ import annotations
 
+import difflib
 import warnings
+import weakref
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -53,23 +57,21 @@ from .user_frame import user_stacklevel
 NAME = "amp_compiler"
 _PLAN_OPTIONS = ("target", "planner", "keep_io_types", "allow", "deny", "deny_nodes", "default_dim", "profile",
                  "deny_propagation", "objective")
-_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "training", "on_report", "on_run", "source", "deploy",
-                                     "reuse"))
+_OPTIONS = frozenset(_PLAN_OPTIONS + ("dtype", "backend", "mode", "training", "on_report", "on_run", "source",
+                                     "deploy", "reuse"))
 #: reports of the last graphs compiled by the backend, newest last
 reports: deque[Report] = deque(maxlen=32)
-_fp32_said: set[str] = set()  # dynamo frames whose all-FP32 plan was said (``_say_if_fp32``)
+# frames whose all-FP32 plan was said (``_say_if_fp32``), by the graph's first weight (the model's), so that
+# another model in the same frame id after ``torch._dynamo.reset()`` is told too
+_fp32_said: dict[int, tuple[weakref.ref, set]] = {}  # id(weight): (the weight, its frames said)
+_fp32_said_weightless: set = set()  # the same for graphs without weights, by frame and code
+_mode_said: set[str] = set()  # torch.compile modes said not to apply to eager plans (``_checked_options``)
 
 
 def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
                          **kwargs: Any) -> Callable:
     """Dynamo backend: plan and apply mixed precision on one captured graph."""
-    opts = {**(options or {}), **kwargs}
-    opts.pop("mode", None)  # torch.compile(mode=...) is inductor's; ignored here
-    unknown = set(opts) - _OPTIONS
-    if unknown:
-        raise ValueError(f"unknown amp_compiler backend option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if opts.get("backend") not in (None, "inductor"):
-        raise ValueError(f"unknown backend {opts['backend']!r}: use None or 'inductor'")
+    opts = _checked_options({**(options or {}), **kwargs})
     low = normalize_low_dtype(str(opts.get("dtype", torch.float16)))
     compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")  # frame/graph, as in TORCH_LOGS
     source = opts.get("source") or f"torch.compile graph {compile_id if compile_id is not None else len(reports)}"
@@ -103,13 +105,15 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     if opts.get("on_report"):
         opts["on_report"](report)
     if not opts.get("on_report") and not opts.get("on_run"):  # else the caller has the reports (compile's route)
-        _say_if_fp32(report, compile_id)
+        _say_if_fp32(report, compile_id, gm, specs)
     aten.report = report
     inner: Callable = aten
     if opts.get("backend") == "inductor":
+        from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
 
-        inner = compile_fx(views_as_reshapes(aten), list(example_inputs))
+        patches = list_mode_options(opts["mode"]) if opts.get("mode") else None
+        inner = compile_fx(views_as_reshapes(aten), list(example_inputs), config_patches=patches)
     on_run = opts.get("on_run")
     if not folded.entries and on_run is None:
         runner = inner
@@ -126,14 +130,56 @@ def amp_compiler_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], opti
     return runner
 
 
-def _say_if_fp32(report: Report, compile_id: Any) -> None:
+def _checked_options(opts: dict) -> dict:
+    """The backend's options, refused with the closest known name for an unknown one (a typo had been
+    listed among 18 names), and ``torch.compile``'s ``mode``: validated, passed to inductor with
+    ``backend="inductor"``, and otherwise said, once per mode, not to apply (it had been dropped silently)."""
+    for name in sorted(set(opts) - _OPTIONS):
+        close = difflib.get_close_matches(name, sorted(_OPTIONS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown amp_compiler backend option {name!r}: {hint}known: {sorted(_OPTIONS)}")
+    if opts.get("backend") not in (None, "inductor"):
+        raise ValueError(f"unknown backend {opts['backend']!r}: use None or 'inductor'")
+    mode = opts.get("mode")
+    if mode in (None, "default"):
+        return opts
+    from torch._inductor import list_mode_options
+
+    list_mode_options(mode)  # an unknown mode: torch's error, naming the modes
+    if opts.get("backend") != "inductor" and mode not in _mode_said:
+        _mode_said.add(mode)
+        warnings.warn(f"amp_compiler: torch.compile(mode={mode!r}) sets inductor's options; the amp_compiler "
+                      f"backend runs its plans eagerly, so it does not apply. torch.compile takes mode= or "
+                      f"options=, not both: pass options={{'backend': 'inductor', 'mode': {mode!r}}} to compile "
+                      f"the plans with inductor in that mode", stacklevel=user_stacklevel())
+    return opts
+
+
+def _say_if_fp32(report: Report, compile_id: Any, gm: fx.GraphModule, specs: dict) -> None:
     """Warn when a graph's plan runs every GEMM/conv in FP32 (``all_fp32_note``): once per frame dynamo
-    compiles (``compile_id`` frame/recompile), not again at each recompile of it."""
+    compiles (``compile_id`` frame/recompile) of one model (its first weight), not again at each
+    recompile of it. Frame ids restart at ``torch._dynamo.reset()``: keyed by them alone, the next
+    model compiled after a reset (in frame 0 again) was not told. (Another instance of a class compiled
+    without a reset runs the graph dynamo compiled for the first, whose plan was said.)"""
     note = all_fp32_note(report)
+    if not note:
+        return
     frame = str(compile_id).split("/")[0] if compile_id is not None else report.source
-    if note and frame not in _fp32_said:
-        _fp32_said.add(frame)
+    weight = next((spec.value for spec in specs.values()), None)
+    said = _frames_said(weight) if weight is not None else _fp32_said_weightless
+    key = frame if weight is not None else (frame, gm.code)
+    if key not in said:
+        said.add(key)
         warnings.warn(f"amp_compiler: {report.source}: {note}", stacklevel=user_stacklevel())
+
+
+def _frames_said(weight: torch.Tensor) -> set:
+    """The frames whose all-FP32 note was said for the model holding ``weight`` (a freed weight's id
+    may be taken again: its entry is then new)."""
+    entry = _fp32_said.get(id(weight))
+    if entry is None or entry[0]() is not weight:
+        entry = _fp32_said[id(weight)] = (weakref.ref(weight), set())
+    return entry[1]
 
 
 def _graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], specs: dict, training: bool) -> Any:

@@ -65,8 +65,31 @@ def test_options_reach_the_planner_and_unknown_ones_are_refused():
     assert all(o["precision"] == "float32" for o in report.ops if o["op_type"] == "aten.addmm.default")
     assert "named by the user" in next(o for o in report.ops if o["op_type"] == "aten.addmm.default")["reason"]
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="unknown amp_compiler backend option"):
+    with pytest.raises(Exception, match="unknown amp_compiler backend option 'trget': did you mean 'target'"):
         torch.compile(model, backend="amp_compiler", options={"trget": "a100"})(x)
+
+
+def test_a_torch_compile_mode_is_said_not_to_apply_to_eager_plans_and_reaches_inductor(monkeypatch):
+    """``torch.compile(mode=...)`` reaches a backend only without ``options`` (torch takes one or the
+    other), where the plans run eagerly: it had been dropped silently, and with ``backend="inductor"``
+    it could not be asked for at all."""
+    monkeypatch.setattr(amp_backend, "_mode_said", set())
+    model, x = _mlp(), torch.randn(64, 256)
+    with pytest.warns(UserWarning, match=r"mode='max-autotune'.*does not apply.*'backend': 'inductor', 'mode'"):
+        with torch.no_grad():
+            torch.compile(model, backend="amp_compiler", mode="max-autotune")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unrecognized mode=fast"):
+        torch.compile(model, backend="amp_compiler", options={"mode": "fast"})(x)
+    torch._dynamo.reset()
+    import torch._inductor.compile_fx as inductor
+
+    patches = []
+    monkeypatch.setattr(inductor, "compile_fx",
+                        lambda gm, inputs, config_patches=None: patches.append(config_patches) or gm)
+    with torch.no_grad():
+        torch.compile(model, backend="amp_compiler", options={"backend": "inductor", "mode": "reduce-overhead"})(x)
+    assert patches == [{"triton.cudagraphs": True}]
 
 
 def test_graph_breaks_give_one_planned_graph_each():

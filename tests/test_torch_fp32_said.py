@@ -67,7 +67,7 @@ def test_a_planner_the_user_chose_is_not_second_guessed():
 
 
 def test_the_torch_compile_backend_says_it_once_per_frame(monkeypatch):
-    monkeypatch.setattr(backend, "_fp32_said", set())
+    monkeypatch.setattr(backend, "_fp32_said", type(backend._fp32_said)())
     torch._dynamo.reset()
     compiled = torch.compile(_tiny(), backend="amp_compiler")
     with warnings.catch_warnings(record=True) as caught:
@@ -78,3 +78,23 @@ def test_the_torch_compile_backend_says_it_once_per_frame(monkeypatch):
     said = [str(w.message) for w in caught if "runs every GEMM/conv in FP32" in str(w.message)]
     assert len(said) == 1, said
     assert said[0].startswith("amp_compiler: torch.compile graph 0/")
+
+
+def _fp32_notes_of_one_call(model: torch.nn.Module) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            torch.compile(model, backend="amp_compiler")(*_inputs(2))
+    return [str(w.message) for w in caught if "runs every GEMM/conv in FP32" in str(w.message)]
+
+
+def test_the_backend_says_it_for_a_model_compiled_after_a_dynamo_reset(monkeypatch):
+    """Dynamo's frame ids restart at ``torch._dynamo.reset()``: keyed by them alone, the next model
+    compiled in frame 0 (a GPT-2 then a Llama, each all-FP32 at hidden size 64) ran all-FP32 unsaid."""
+    monkeypatch.setattr(backend, "_fp32_said", type(backend._fp32_said)())
+    torch._dynamo.reset()
+    first = _tiny()
+    assert len(_fp32_notes_of_one_call(first)) == 1
+    torch._dynamo.reset()
+    assert len(_fp32_notes_of_one_call(_tiny())) == 1  # frame 0 again
+    assert _fp32_notes_of_one_call(first) == []  # the first model was told already
