@@ -135,6 +135,9 @@ def test_calibration_measures_loop_bodies():
     assert "activation mm reaches" in ops["loop0.body/body_mm"]["reason"]
     got = _reference(calibrated, feeds)
     assert np.isfinite(got).all() and rel_error(ref, got) < 1e-2
+    _, default = convert_onnx(m, calibration_inputs=feeds)  # default planner: the same measure holds it
+    ops = {o["name"].rsplit("/", 1)[-1]: o for o in default.ops}
+    assert ops["body_mm"]["precision"] == "float32" and "activation mm reaches" in ops["body_mm"]["reason"]
 
 
 def test_calibration_keeps_fp32_a_loop_body_the_default_plan_converts_where_it_overflows():

@@ -138,3 +138,6 @@ def test_an_exp_of_a_clamped_constant_seeds_no_deny_propagation():
             assert bounded[name][0] == "float16", (scale_max, name, bounded[name])
     held = precisions(12.0)  # exp(12) > 65504
     assert held["scale_scores"][0] == "float32" and "downstream of deny op exp" in held["scale_scores"][1]
+    for scale_max, seeds in ((np.log(100.0), False), (12.0, True)):  # default options: the same walk
+        ops = plan_result(_cosine_attention(scale_max)).graph.ops
+        assert ("downstream of deny op exp" in ops["scale_scores"].reason) == seeds, ops["scale_scores"].reason

@@ -155,6 +155,8 @@ def test_a_test_of_the_masked_scores_for_infinity_does_not_keep_the_mask_fp32(te
     converted, report = convert_onnx(m, planner="all")
     ops = {o["name"]: o["precision"] for o in report.ops}
     assert ops["mask_fill"] == ops["mask_add"] == ops["softmax"] == "float16", ops
+    default = {o["name"]: o["reason"] for o in convert_onnx(m).report.ops}  # default planner: no rule holds it
+    assert not any("beyond" in default[name] for name in ("mask_fill", "mask_add", "softmax")), default
     assert "fill" in report.summary["saturated_constants"]
     rng = np.random.default_rng(0)
     keep = rng.random((S, S)) < 0.7
@@ -173,6 +175,8 @@ def test_a_comparison_with_a_finite_threshold_still_keeps_the_mask_fp32():
     _, report = convert_onnx(m, planner="all")
     ops = {o["name"]: o["precision"] for o in report.ops}
     assert ops["mask_add"] == ops["softmax"] == "float32", ops
+    default = {o["name"]: o for o in convert_onnx(m).report.ops}  # default planner: held by the same rule
+    assert default["mask_add"]["precision"] == "float32" and "beyond" in default["mask_add"]["reason"]
 
 
 def test_a_mask_fill_in_a_scalar_argument_runs_low_on_the_torch_path():

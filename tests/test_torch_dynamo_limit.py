@@ -40,7 +40,7 @@ def test_compile_captures_a_forward_whose_code_hit_dynamos_limit_elsewhere():
         for rows in (2, 3, 4):  # the user's own torch.compile of other instances: the limit is hit
             torch.compile(Branchy().eval(), backend="eager", dynamic=False)(torch.randn(rows, 256))
         model, x = Branchy().eval(), torch.randn(64, 256)
-        amp = amp_compiler.compile(model, x, target="a100")
+        amp = amp_compiler.compile(model, x)
         assert amp.capture.startswith("torch.compile") and amp.report is not None
         assert amp.report.summary["fp16_gemm_flop_fraction"] > 0
         out, ref = amp(x), model(x)
